@@ -1,0 +1,135 @@
+"""Triton kernel: decode attention over the paged KV cache (one query token per sequence).
+
+One program per (sequence, KV head). It loads the `group` query heads that share this KV head,
+then walks the sequence's block table: each K/V block is loaded once and serves every query
+head of the group (GQA), and softmax is computed online, block by block (running max m,
+running sum l, rescaled accumulator; Milakov & Gimelshein 2018, FlashAttention), so the
+context never has to sit in memory at once.
+
+The PyTorch twin is `course_lib.attention.paged.paged_decode_attention`; tests compare the two
+under TRITON_INTERPRET=1 (which must be set before this module imports triton).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _paged_decode_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+    scale,
+    stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
+    stride_os, stride_oh, stride_od,
+    stride_bts, stride_btb,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    GROUP_P2: tl.constexpr, HEAD_DIM_P2: tl.constexpr, BLOCK_P2: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    offs_g = tl.arange(0, GROUP_P2)  # query heads of this group (padded to a power of two)
+    offs_d = tl.arange(0, HEAD_DIM_P2)
+    offs_t = tl.arange(0, BLOCK_P2)  # token offsets inside a block
+    mask_g = offs_g < GROUP
+    mask_d = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_g
+
+    q_ptrs = q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=mask_g[:, None] & mask_d[None, :], other=0.0).to(tl.float32)  # [G, D]
+    q = q * scale
+
+    ctx_len = tl.load(context_lens_ptr + seq)
+    num_blocks = tl.cdiv(ctx_len, BLOCK_SIZE)
+    m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)  # running max of the scores
+    l_i = tl.zeros([GROUP_P2], tl.float32)  # running sum of exp(score - m_i)
+    acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)  # running sum of exp(score - m_i) * v
+    for j in range(0, num_blocks):
+        block_id = tl.load(block_tables_ptr + seq * stride_bts + j * stride_btb).to(tl.int64)
+        pos = j * BLOCK_SIZE + offs_t
+        mask_t = (offs_t < BLOCK_SIZE) & (pos < ctx_len)
+        kv_mask = mask_t[:, None] & mask_d[None, :]
+        k_ptrs = k_cache_ptr + block_id * stride_kb + offs_t[:, None] * stride_kt + kv_head * stride_kh \
+            + offs_d[None, :] * stride_kd
+        v_ptrs = v_cache_ptr + block_id * stride_vb + offs_t[:, None] * stride_vt + kv_head * stride_vh \
+            + offs_d[None, :] * stride_vd
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(tl.float32)  # [T, D]
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(tl.float32)  # [T, D]
+
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, T]
+        s = tl.where(mask_t[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [G]
+        alpha = tl.exp(m_i - m_new)  # rescales what was summed under the old max
+        p = tl.exp(s - m_new[:, None])  # [G, T]
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [G, D]
+        m_i = m_new
+
+    out = acc / l_i[:, None]  # [G, D]
+    out_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
+
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def triton_paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
+                                  block_tables: torch.Tensor, context_lens: torch.Tensor,
+                                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as `paged_decode_attention`, on the GPU (or the Triton interpreter).
+
+    q [num_seqs, heads, head_dim]; k/v_cache_layer [num_blocks, block_size, kv_heads, head_dim];
+    block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32, each in
+    [1, max_blocks * block_size]. Returns (or fills `out`) [num_seqs, heads, head_dim] in q's dtype.
+    """
+    if q.dim() != 3 or k_cache_layer.dim() != 4:
+        raise ValueError(f"need q [num_seqs, heads, head_dim] and k_cache_layer "
+                         f"[num_blocks, block_size, kv_heads, head_dim], got {tuple(q.shape)} and "
+                         f"{tuple(k_cache_layer.shape)}")
+    if v_cache_layer.shape != k_cache_layer.shape:
+        raise ValueError(f"k and v caches differ in shape: {tuple(k_cache_layer.shape)} vs {tuple(v_cache_layer.shape)}")
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, kv_heads, cache_head_dim = k_cache_layer.shape
+    if cache_head_dim != head_dim or num_heads % kv_heads:
+        raise ValueError(f"q has {num_heads} heads of {head_dim}; the cache {kv_heads} KV heads of "
+                         f"{cache_head_dim}: need equal head_dim and heads a multiple of kv_heads")
+    if q.dtype not in _DTYPES or k_cache_layer.dtype != q.dtype or v_cache_layer.dtype != q.dtype:
+        raise TypeError(f"q, k_cache, v_cache must share one of {_DTYPES}, got "
+                        f"{q.dtype}, {k_cache_layer.dtype}, {v_cache_layer.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.dtype != torch.int32:
+        raise ValueError(f"block_tables must be int32 [num_seqs={num_seqs}, max_blocks], got "
+                         f"{block_tables.dtype} {tuple(block_tables.shape)}")
+    if context_lens.shape != (num_seqs,) or context_lens.dtype != torch.int32:
+        raise ValueError(f"context_lens must be int32 [num_seqs={num_seqs}], got "
+                         f"{context_lens.dtype} {tuple(context_lens.shape)}")
+    for name, t in (("q", q), ("k_cache_layer", k_cache_layer), ("v_cache_layer", v_cache_layer)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in head_dim (stride 1), got strides {t.stride()}")
+    tensors = (q, k_cache_layer, v_cache_layer, block_tables, context_lens)
+    if len({t.device for t in tensors}) != 1:
+        raise ValueError(f"all inputs must be on one device, got {[str(t.device) for t in tensors]}")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1 set before importing "
+                           "triton); on the CPU use course_lib.attention.paged.paged_decode_attention")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if num_seqs == 0:
+        return out
+
+    group = num_heads // kv_heads
+    grid = (num_seqs, kv_heads)
+    _paged_decode_kernel[grid](
+        out, q, k_cache_layer, v_cache_layer, block_tables, context_lens,
+        head_dim ** -0.5,
+        *q.stride(), *k_cache_layer.stride(), *v_cache_layer.stride(), *out.stride(), *block_tables.stride(),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        GROUP_P2=triton.next_power_of_2(group), HEAD_DIM_P2=triton.next_power_of_2(head_dim),
+        BLOCK_P2=triton.next_power_of_2(block_size),
+    )
+    return out
