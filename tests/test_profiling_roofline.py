@@ -1,0 +1,57 @@
+"""Roofline measurement, plot and torch.profiler helper on a tiny random model."""
+import pytest
+import torch
+
+from course_lib.config import ModelConfig
+from course_lib.model import Transformer
+from course_lib.profiling import Ceilings, measure_ceilings, measure_decode, measure_prefill
+from course_lib.profiling.plots import plot_roofline
+from course_lib.profiling.roofline import measure_bandwidth, measure_matmul_flops
+from course_lib.profiling.torch_profile import profile_steps
+
+SMALL = ModelConfig(vocab_size=320, hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4, num_kv_heads=2,
+                    tie_word_embeddings=True)
+
+
+def test_ceilings_arithmetic():
+    c = Ceilings(peak_flops=100e9, bandwidth=10e9)
+    assert c.ridge_point == 10.0
+    assert c.attainable(1.0) == 10e9 and c.attainable(50.0) == 100e9
+
+
+def test_measured_ceilings_are_plausible():
+    bw = measure_bandwidth("cpu", nbytes=2 ** 24, repeats=2)
+    fl = measure_matmul_flops("cpu", n=256, repeats=2)
+    assert 1e8 < bw < 1e13 and 1e7 < fl < 1e14
+
+
+@torch.inference_mode()
+def test_points_plot_and_profile(tmp_path):
+    torch.manual_seed(0)
+    model = Transformer(SMALL).eval()
+    prefill = measure_prefill(model, num_tokens=32, repeats=2, warmup=1)
+    decode = measure_decode(model, context_len=32, repeats=2, warmup=1)
+    assert prefill.intensity > 5 * decode.intensity
+    assert prefill.achieved_flops > 0 and decode.achieved_bandwidth > 0
+    ceilings = Ceilings(peak_flops=1e11, bandwidth=1e10)
+    assert decode.bound(ceilings) == "memory"
+    assert decode.fraction_of_roof(ceilings) == pytest.approx(decode.achieved_flops / (decode.intensity * 1e10))
+
+    ax = plot_roofline(ceilings, [prefill, decode])
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert "FLOP / byte" in ax.get_xlabel() and "GFLOP/s" in ax.get_ylabel()
+    ax.figure.savefig(tmp_path / "roofline.png")
+    assert (tmp_path / "roofline.png").stat().st_size > 0
+
+    table = profile_steps(model, prompt_len=16, row_limit=5, trace_path=tmp_path / "trace.json")
+    assert set(table["phase"]) == {"prefill", "decode"}
+    assert (table.groupby("phase").size() <= 5).all()
+    assert any("mm" in op for op in table[table.phase == "prefill"]["op"])
+    assert (tmp_path / "trace.json").stat().st_size > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_ceilings():
+    c = measure_ceilings("cuda", "bfloat16", repeats=3)
+    assert c.peak_flops > 1e12 and c.bandwidth > 1e11
