@@ -1,14 +1,18 @@
 """Matplotlib figures for the profiling chapter."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .roofline import Ceilings, RooflinePoint
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
-def plot_roofline(ceilings: Ceilings, points: Sequence[RooflinePoint] = (), ax=None, title: str | None = None):
+
+def plot_roofline(ceilings: Ceilings, points: Sequence[RooflinePoint] = (), ax: Axes | None = None,
+                  title: str | None = None) -> Axes:
     """Log-log roofline: attainable FLOP/s against arithmetic intensity, with measured steps as dots.
 
     Each point is labelled with its fraction of the roof above it. Returns the matplotlib Axes.

@@ -6,7 +6,8 @@ A step that does F FLOPs while moving B bytes cannot run faster than either ceil
 
 with intensity = F / B. Below the ridge point (peak_flops / bandwidth FLOP/byte) a step is
 bandwidth-bound; above it, compute-bound. Both ceilings are *measured* here, in the dtype
-in use, on the model's device: bandwidth from a large copy, FLOP/s from a large matmul.
+in use, on the model's device: bandwidth from a large copy, FLOP/s from a large matmul,
+each from its fastest repeat (a ceiling is the best the machine did; steps use the median).
 Prefill (hundreds of FLOPs per byte) lands right of the ridge, a batch-1 decode step
 (about one) far left of it: compute decides TTFT, bandwidth decides decode speed.
 """
@@ -81,7 +82,7 @@ class RooflinePoint:
 
 def measure_bandwidth(device: torch.device | str | None = None, dtype: torch.dtype | str = torch.float32,
                       nbytes: int | None = None, repeats: int = 5) -> float:
-    """Bytes/s of `dst.copy_(src)`: 2 x nbytes (read + write) over the median time.
+    """Bytes/s of `dst.copy_(src)`: 2 x nbytes (read + write) over the fastest repeat.
 
     The buffers (default 256 MiB on CPU, 1 GiB on GPU) must dwarf the caches, else the
     copy measures the cache, not memory.
@@ -92,19 +93,19 @@ def measure_bandwidth(device: torch.device | str | None = None, dtype: torch.dty
     src = torch.ones(n, device=dev, dtype=dt)
     dst = torch.empty_like(src)
     t = measure(lambda: dst.copy_(src), repeats=repeats, warmup=1, device=dev)
-    return 2 * src.nbytes / t.median
+    return 2 * src.nbytes / t.min
 
 
 def measure_matmul_flops(device: torch.device | str | None = None, dtype: torch.dtype | str = torch.float32,
                          n: int | None = None, repeats: int = 5) -> float:
-    """FLOP/s of an [n, n] @ [n, n] product: 2 n^3 over the median time (n = 2048 CPU, 8192 GPU)."""
+    """FLOP/s of an [n, n] @ [n, n] product: 2 n^3 over the fastest repeat (n = 2048 CPU, 8192 GPU)."""
     dev, dt = resolve_device(device), resolve_dtype(dtype)
     n = n or (8192 if dev.type == "cuda" else 2048)
     a = torch.randn(n, n, device=dev).to(dt)
     b = torch.randn(n, n, device=dev).to(dt)
     out = torch.empty(n, n, device=dev, dtype=dt)
     t = measure(lambda: torch.mm(a, b, out=out), repeats=repeats, warmup=1, device=dev)
-    return 2 * n ** 3 / t.median
+    return 2 * n ** 3 / t.min
 
 
 def measure_ceilings(device: torch.device | str | None = None, dtype: torch.dtype | str = torch.float32,
