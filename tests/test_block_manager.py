@@ -195,3 +195,30 @@ def test_prefix_caching_disabled():
     b = Seq([1, 2, 3, 4, 5])
     bm.allocate(b)
     assert b.num_cached_tokens == 0 and bm.num_cached_blocks == 0 and bm.prefix_cache_queries == 0
+
+
+def test_free_puts_the_tail_of_a_prefix_first_in_line_for_eviction():
+    bm = BlockManager(num_blocks=4, block_size=2)
+    a = Seq([1, 2, 3, 4, 5, 6, 0])  # 3 cacheable blocks + 1 partial
+    run_prefill(bm, a)
+    bm.free(a)
+    fillers = [Seq([7, 8]), Seq([9, 9])]
+    for f in fillers:  # the first takes the empty partial block, the second must evict a cached one
+        bm.allocate(f)
+    assert bm.num_evictions == 1
+    for f in fillers:
+        bm.free(f)
+    probe = Seq([1, 2, 3, 4, 5, 6, 0])
+    bm.allocate(probe)
+    assert probe.num_cached_tokens == 4  # [1, 2] and [3, 4] survive; the tail block [5, 6] was evicted
+
+
+def test_hash_collision_is_not_a_hit(monkeypatch):
+    import course_lib.engine.block_manager as block_manager
+
+    monkeypatch.setattr(block_manager, "compute_block_hash", lambda tokens, parent: 42)  # every block collides
+    bm = BlockManager(num_blocks=8, block_size=2)
+    run_prefill(bm, Seq([1, 2, 3]))
+    other = Seq([5, 6, 7])
+    bm.allocate(other)
+    assert other.num_cached_tokens == 0  # same hash, different tokens: recomputed

@@ -1,0 +1,238 @@
+"""Paged attention: PyTorch backend vs plain causal attention, Triton kernel vs PyTorch, model parity.
+
+The Triton comparison runs this file as a script in a subprocess with TRITON_INTERPRET=1, because
+the variable must be set before triton is imported and the pytest process may have imported it already.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from course_lib.attention import reference_attention
+from course_lib.attention.paged import (
+    PagedAttention,
+    PagedAttentionMetadata,
+    PagedKVCache,
+    paged_decode_attention,
+)
+from course_lib.config import ModelConfig
+from course_lib.model import Transformer
+
+HEADS, KV_HEADS, HEAD_DIM = 6, 2, 8  # GQA: 3 query heads per KV head
+
+
+def tiny_config(**kw) -> ModelConfig:
+    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    return ModelConfig(**{**sizes, **kw})
+
+
+def shuffled_block_tables(lengths: list[int], block_size: int, num_blocks: int, seed: int = 0) -> list[list[int]]:
+    """Give each sequence blocks from a random permutation: tables are not contiguous or ordered."""
+    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    tables = []
+    for n in lengths:
+        need = -(-n // block_size)
+        tables.append(perm[:need])
+        perm = perm[need:]
+    return tables
+
+
+def test_metadata_build_slots_and_padding():
+    md = PagedAttentionMetadata.build(block_tables=[[3, 1], [0]], context_lens=[6, 2], query_lens=[3, 1],
+                                      block_size=4)
+    # seq 0 computes positions 3, 4, 5 -> block 3 offset 3, block 1 offsets 0, 1; seq 1 position 1 -> block 0
+    assert md.slot_mapping.tolist() == [15, 4, 5, 1]
+    assert md.block_tables.tolist() == [[3, 1], [0, -1]] and md.block_tables.dtype == torch.int32
+    assert md.query_start_loc.tolist() == [0, 3, 4] and md.context_lens.tolist() == [6, 2]
+    assert (md.max_query_len, md.max_context_len, md.num_seqs, md.num_tokens) == (3, 6, 2, 4)
+    with pytest.raises(ValueError, match="context_len"):
+        PagedAttentionMetadata.build([[0]], context_lens=[5], query_lens=[1], block_size=4)
+
+
+def test_kv_cache_sizing():
+    cfg = tiny_config()
+    per_block = PagedKVCache.bytes_per_block(cfg, block_size=4)
+    assert per_block == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4 * 4  # K and V, float32
+    cache = PagedKVCache.from_memory(cfg, kv_cache_memory=10 * per_block + 7, block_size=4)
+    assert cache.num_blocks == 10 and cache.nbytes == 10 * per_block
+    assert cache.k_cache.shape == (cfg.num_layers, 10, 4, cfg.num_kv_heads, cfg.head_dim)
+    with pytest.raises(ValueError, match="CUDA"):
+        PagedKVCache.num_blocks_for_memory(cfg, 0.5, device="cpu")
+    with pytest.raises(ValueError, match="holds no KV block"):
+        PagedKVCache.num_blocks_for_memory(cfg, per_block - 1, block_size=4)
+
+
+def run_layer(seqs: list[tuple[int, int]], block_size: int = 4, num_blocks: int = 24, seed: int = 0):
+    """One attention layer over a packed step. seqs: (context_len, query_len) per sequence.
+
+    Writes each sequence's earlier tokens into the cache first (as earlier steps would have), then
+    runs the backend on the new tokens. Returns (paged out, expected out, cache, tables, full k).
+    """
+    torch.manual_seed(seed)
+    cfg = tiny_config(num_layers=1, num_heads=HEADS, num_kv_heads=KV_HEADS, hidden_size=HEADS * HEAD_DIM)
+    cache = PagedKVCache(cfg, num_blocks=num_blocks, block_size=block_size)
+    tables = shuffled_block_tables([c for c, _ in seqs], block_size, num_blocks, seed)
+    full = [(torch.randn(1, c, HEADS, HEAD_DIM), torch.randn(1, c, KV_HEADS, HEAD_DIM),
+             torch.randn(1, c, KV_HEADS, HEAD_DIM)) for c, _ in seqs]
+    past = [(c - q) for c, q in seqs]
+    if any(past):  # an earlier step stored the tokens before each chunk
+        md_past = PagedAttentionMetadata.build(tables, past, past, block_size)
+        PagedAttention(cache, md_past).attend(0, torch.cat([q[:, :p] for (q, _, _), p in zip(full, past)], 1),
+                                              torch.cat([k[:, :p] for (_, k, _), p in zip(full, past)], 1),
+                                              torch.cat([v[:, :p] for (_, _, v), p in zip(full, past)], 1))
+    md = PagedAttentionMetadata.build(tables, [c for c, _ in seqs], [q for _, q in seqs], block_size)
+    new = [tuple(t[:, p:] for t in qkv) for qkv, p in zip(full, past)]
+    out = PagedAttention(cache, md).attend(0, *(torch.cat([n[i] for n in new], dim=1) for i in range(3)))
+    expected = torch.cat([reference_attention(*qkv)[0][:, p:] for qkv, p in zip(full, past)], dim=1)
+    return out, expected, cache, tables, [k for _, k, _ in full]
+
+
+def test_paged_matches_causal_mixed_step():
+    # full prefill, a chunk starting mid-sequence, two decodes (one of a 1-token context), a chunk at 0
+    seqs = [(7, 7), (13, 5), (10, 1), (1, 1), (9, 4)]
+    out, expected, cache, tables, ks = run_layer(seqs)
+    assert out.shape == (1, sum(q for _, q in seqs), HEADS, HEAD_DIM)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    for table, k, (ctx, _) in zip(tables, ks, seqs):  # every key landed in its paged slot
+        stored = cache.k_cache[0][torch.tensor(table)].flatten(0, 1)[:ctx]
+        torch.testing.assert_close(stored, k[0])
+
+
+def test_paged_matches_causal_decode_only_and_block_size_one():
+    out, expected, *_ = run_layer([(5, 1), (17, 1), (2, 1)])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    out, expected, *_ = run_layer([(6, 3), (3, 1)], block_size=1, num_blocks=12)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_slots_are_skipped():
+    cfg = tiny_config(num_layers=1)
+    cache = PagedKVCache(cfg, num_blocks=4, block_size=4)
+    md = PagedAttentionMetadata.build([[2]], [2], [2], block_size=4, slot_mapping=[8, 9, -1])
+    q, k, v = torch.randn(1, 3, 4, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8)
+    out = PagedAttention(cache, md).attend(0, q, k, v)
+    torch.testing.assert_close(out[:, :2], reference_attention(q[:, :2], k[:, :2], v[:, :2])[0])
+    assert (out[:, 2] == 0).all()  # the padding token gets zeros and wrote nothing
+    assert cache.k_cache[0].flatten(0, 1)[10:].abs().sum() == 0 and cache.k_cache[0, :2].abs().sum() == 0
+
+
+def random_decode_case(device: str, dtype: torch.dtype = torch.float32, heads: int = 6, kv_heads: int = 2,
+                       head_dim: int = 8, block_size: int = 4, context_lens=(1, 5, 16, 11), seed: int = 0):
+    """q, caches and a shuffled, -1-padded block table for a batch of decodes."""
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-c // block_size) for c in context_lens) + 3
+    k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
+    v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
+    q = torch.randn(len(context_lens), heads, head_dim, generator=g)
+    tables = shuffled_block_tables(list(context_lens), block_size, num_blocks, seed)
+    width = max(len(t) for t in tables) + 1
+    bt = torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32)
+    cl = torch.tensor(context_lens, dtype=torch.int32)
+    return tuple(t.to(device, dtype) for t in (q, k, v)) + (bt.to(device), cl.to(device))
+
+
+def test_paged_decode_attention_matches_reference():
+    q, k, v, bt, cl = random_decode_case("cpu")
+    out = paged_decode_attention(q, k, v, bt, cl)  # [num_seqs, heads, head_dim]
+    for i, ctx in enumerate(cl.tolist()):
+        blocks = bt[i][bt[i] >= 0].long()
+        keys, values = k[blocks].flatten(0, 1)[:ctx], v[blocks].flatten(0, 1)[:ctx]
+        want = reference_attention(q[i][None, None], keys[None], values[None], start=ctx - 1)[0][0, 0]
+        torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
+
+
+TRITON_CASES = [dict(), dict(heads=4, kv_heads=4), dict(heads=8, kv_heads=1, head_dim=16, block_size=16,
+                context_lens=(3, 40, 17)), dict(heads=6, kv_heads=2, head_dim=12, block_size=3, context_lens=(7, 1, 9))]
+
+
+def check_triton_against_torch(device: str, dtype: torch.dtype = torch.float32, atol: float = 1e-3) -> float:
+    """Max |triton - torch| over the cases; raises if any exceeds atol."""
+    from course_lib.attention.triton_paged import triton_paged_decode_attention
+
+    worst = 0.0
+    for seed, case in enumerate(TRITON_CASES):
+        q, k, v, bt, cl = random_decode_case(device, dtype, seed=seed, **case)
+        want = paged_decode_attention(q, k, v, bt, cl).float()
+        got = triton_paged_decode_attention(q, k, v, bt, cl).float()
+        torch.testing.assert_close(got, want, atol=atol, rtol=atol, msg=lambda m: f"case {case}: {m}")
+        worst = max(worst, (got - want).abs().max().item())
+    with pytest.raises(ValueError, match="int32"):
+        triton_paged_decode_attention(q, k, v, bt.long(), cl)
+    with pytest.raises(ValueError, match="contiguous"):
+        k_strided = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # same shape, head_dim not contiguous
+        triton_paged_decode_attention(q, k_strided, v, bt, cl)
+    return worst
+
+
+def test_triton_decode_kernel_matches_torch_interpreted():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "triton max abs err" in proc.stdout
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_triton_decode_kernel_matches_torch_cuda():
+    pytest.importorskip("triton")
+    check_triton_against_torch("cuda")
+    check_triton_against_torch("cuda", torch.bfloat16, atol=2e-2)
+
+
+def packed_step(model, cache, tables, work, seqs, block_size):
+    """One engine-like step: work = [(seq index, start, end)] tokens to compute. Returns logits per entry."""
+    ids = torch.tensor([t for i, s, e in work for t in seqs[i][s:e]])[None]  # [1, num_tokens]
+    positions = torch.tensor([p for _, s, e in work for p in range(s, e)])[None]  # [1, num_tokens]
+    md = PagedAttentionMetadata.build([tables[i] for i, _, _ in work], [e for _, _, e in work],
+                                      [e - s for _, s, e in work], block_size)
+    logits = model(ids, positions, kv=PagedAttention(cache, md))[0]  # [num_tokens, vocab]
+    return logits.split([e - s for _, s, e in work])
+
+
+@torch.no_grad()
+def test_model_packed_batch_equals_each_sequence_alone():
+    torch.manual_seed(0)
+    cfg = tiny_config()
+    model = Transformer(cfg).eval()
+    seqs = [torch.randint(0, cfg.vocab_size, (n,)).tolist() for n in (12, 8, 10)]
+    block_size = 4
+    cache = PagedKVCache(cfg, num_blocks=16, block_size=block_size)
+    tables = shuffled_block_tables([len(s) for s in seqs], block_size, 16)
+    steps = [
+        [(0, 0, 5), (1, 0, 6), (2, 0, 3)],  # prefill chunk, whole prompt, chunk
+        [(0, 5, 11), (1, 6, 7), (2, 3, 9)],  # chunk from mid-sequence, decode, chunk
+        [(0, 11, 12), (1, 7, 8), (2, 9, 10)],  # decodes only
+    ]
+    got = [dict() for _ in seqs]
+    for work in steps:
+        for (i, s, e), lg in zip(work, packed_step(model, cache, tables, work, seqs, block_size)):
+            got[i].update({p: lg[p - s] for p in range(s, e)})
+    for i, ids in enumerate(seqs):
+        alone = model(torch.tensor(ids)[None])[0]  # [seq, vocab], kv=None
+        paged = torch.stack([got[i][p] for p in range(len(ids))])
+        torch.testing.assert_close(paged, alone, atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_model_shared_prefix_blocks():
+    """A second sequence whose first 8 tokens sit in the first one's blocks computes only its tail."""
+    torch.manual_seed(1)
+    cfg = tiny_config()
+    model = Transformer(cfg).eval()
+    a = torch.randint(0, cfg.vocab_size, (11,)).tolist()
+    b = a[:8] + torch.randint(0, cfg.vocab_size, (3,)).tolist()
+    cache = PagedKVCache(cfg, num_blocks=8, block_size=4)
+    tables = [[5, 2, 7], [5, 2, 0]]  # b shares a's two full blocks
+    packed_step(model, cache, tables, [(0, 0, 11)], [a, b], 4)
+    (tail,) = packed_step(model, cache, tables, [(1, 8, 11)], [a, b], 4)
+    torch.testing.assert_close(tail, model(torch.tensor(b)[None])[0, 8:], atol=1e-4, rtol=1e-4)
+
+
+if __name__ == "__main__":  # run by test_triton_decode_kernel_matches_torch_interpreted
+    assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1 to run the kernel on the CPU"
+    print(f"triton max abs err {check_triton_against_torch('cpu'):.2e}")
