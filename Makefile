@@ -10,6 +10,7 @@ TORCH_VERSION ?= 2.13.0
 # local disk (pip's find-links), else PyTorch's CPU index. Never the multi-GB CUDA build.
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PYTEST_ARGS ?=
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 .PHONY: setup course test test-lib test-notebooks figures benchmarks clean
 
@@ -34,13 +35,13 @@ course: setup
 	$(VENV)/bin/jupyter lab notebooks/
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS) tests notebooks
+	$(PY) -m pytest $(NBVAL) $(PYTEST_ARGS) tests notebooks
 
 test-lib: setup
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
 test-notebooks: setup
-	$(PY) -m pytest $(PYTEST_ARGS) notebooks
+	$(PY) -m pytest $(NBVAL) $(PYTEST_ARGS) notebooks
 
 figures: setup
 	$(PY) -m benchmarks.make_figures

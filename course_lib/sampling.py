@@ -1,0 +1,147 @@
+"""From logits to the next token: `SamplingParams` (vLLM's names) and the `Sampler`.
+
+Order of operations, as in Hugging Face's `generate`:
+    repetition penalty -> temperature -> top-k -> top-p -> min-p -> sample (or argmax if temperature == 0)
+Each step is a small pure function on logits so the notebooks can show them one at a time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens and when to stop. Bad values raise a ValueError naming the field and its range."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 or -1 = off
+    top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches top_p
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or output
+    seed: int | None = None  # per-request seed: the same seed gives the same tokens
+    stop: list[str] | str | None = None  # stop strings (not included in the output text)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        checks = [
+            ("max_tokens", self.max_tokens, isinstance(self.max_tokens, int) and self.max_tokens >= 1, "an integer >= 1"),
+            ("temperature", self.temperature, self.temperature >= 0, ">= 0 (0 means greedy)"),
+            ("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]"),
+            ("top_k", self.top_k, self.top_k == -1 or self.top_k >= 0, "-1 or 0 (off), or >= 1"),
+            ("min_p", self.min_p, 0 <= self.min_p <= 1, "in [0, 1]"),
+            ("repetition_penalty", self.repetition_penalty, self.repetition_penalty > 0, "> 0 (1 = off)"),
+            ("n", self.n, self.n == 1, "1 (one completion per prompt)"),
+        ]
+        for name, value, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"SamplingParams.{name} must be {allowed}, got {value!r}")
+        if any(not s for s in self.stop):
+            raise ValueError("SamplingParams.stop must not contain empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's penalty: for tokens already seen, divide a positive logit by `penalty`, multiply a negative one."""
+    if penalty == 1.0 or seen.numel() == 0:
+        return logits
+    logits = logits.clone()
+    picked = logits[..., seen]
+    logits[..., seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits, set the rest to -inf."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus sampling: keep the most likely tokens until their total probability reaches p."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    cum = sorted_logits.softmax(-1).cumsum(-1)
+    drop = cum - sorted_logits.softmax(-1) >= p  # mass before this token already reaches p
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p x the top token's probability."""
+    if min_p <= 0:
+        return logits
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < min_p * probs.max(-1, keepdim=True).values, float("-inf"))
+
+
+def processed_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """All filters of `params` applied to the logits of one sequence [vocab], in float32."""
+    logits = logits.float()
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    if params.greedy:
+        return logits
+    logits = logits / params.temperature
+    logits = top_k_filter(logits, params.top_k)
+    logits = top_p_filter(logits, params.top_p)
+    return min_p_filter(logits, params.min_p)
+
+
+def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw from probs [..., vocab] by the exponential race: argmax(p_i / E_i), E_i ~ Exp(1).
+
+    It picks token i with probability p_i, like torch.multinomial, but is one elementwise op and
+    an argmax: no CPU<->GPU sync inside, and a per-request generator makes it reproducible.
+    """
+    noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / noise).argmax(-1)
+
+
+class Sampler:
+    """Picks one token per sequence from logits [num_seqs, vocab], each with its own params."""
+
+    def __init__(self):
+        self._generators: dict[str, torch.Generator] = {}
+
+    def generator_for(self, request_id: str, params: SamplingParams, device: torch.device) -> torch.Generator | None:
+        """A per-request RNG when the request has a seed (created once, then carried along)."""
+        if params.seed is None or params.greedy:
+            return None
+        if request_id not in self._generators:
+            self._generators[request_id] = torch.Generator(device=device).manual_seed(params.seed)
+        return self._generators[request_id]
+
+    def release(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def __call__(self, logits: torch.Tensor, params: list[SamplingParams], histories: list[list[int]],
+                 request_ids: list[str]) -> list[int]:
+        """logits [num_seqs, vocab]; histories: prompt + output ids of each sequence (for the penalty)."""
+        tokens = []  # 0-d tensors; one .tolist() at the end is the only device sync
+        for row, p, hist, rid in zip(logits, params, histories, request_ids):
+            seen = None
+            if p.repetition_penalty != 1.0:
+                seen = torch.tensor(sorted(set(hist)), dtype=torch.long, device=row.device)
+            row = processed_logits(row, p, seen)
+            if p.greedy:
+                tokens.append(row.argmax())
+            else:
+                gen = self.generator_for(rid, p, row.device)
+                tokens.append(sample_from_probs(row.softmax(-1), gen))
+        return torch.stack(tokens).tolist()

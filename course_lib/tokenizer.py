@@ -1,0 +1,197 @@
+"""Text <-> token ids with the model's own vocabulary, its chat template, and a streaming detokenizer.
+
+`Tokenizer` wraps a Hugging Face `tokenizers.Tokenizer` (fast, Rust). For a GGUF model we build
+that tokenizer from the vocabulary and merges stored in the file; for a Hugging Face directory we
+read its `tokenizer.json`. `course_lib.bpe` re-implements the same byte-level BPE in Python for teaching.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from .loading import resolve_model
+
+# How each vocabulary splits text into words before BPE (llama.cpp's `tokenizer.ggml.pre`).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _pre_tokenizer(pre: str | None):
+    if pre == "smollm":  # SmolLM: every digit its own word, then GPT-2's byte-level split
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    split = {"llama3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}.get(pre or "")
+    if split:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre not in (None, "default", "gpt2"):
+        warnings.warn(f"unknown GGUF pre-tokenizer {pre!r}: using GPT-2's split; ids may differ from the original")
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def tokenizer_from_gguf_data(data: dict[str, Any]) -> HFTokenizer:
+    """Build a byte-level BPE `tokenizers.Tokenizer` from a GGUF file's vocabulary and merges."""
+    if data["model"] != "gpt2":
+        raise ValueError(f"only byte-level BPE (GGUF tokenizer model 'gpt2') is supported, not {data['model']!r}")
+    vocab = {tok: i for i, tok in enumerate(data["tokens"])}
+    merges = [tuple(m.split(" ", 1)) for m in data["merges"]]
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = _pre_tokenizer(data["pre"])
+    tok.decoder = decoders.ByteLevel()
+    control = [AddedToken(t, special=True, normalized=False)
+               for t, kind in zip(data["tokens"], data["token_type"]) if kind == 3]  # 3 = CONTROL
+    tok.add_special_tokens(control)
+    return tok
+
+
+class Tokenizer:
+    """encode/decode, special tokens and the chat template of one model."""
+
+    def __init__(self, backend: HFTokenizer, bos_token_id: int | None, eos_token_ids: list[int],
+                 chat_template: str | None, add_bos_token: bool = False, name: str = ""):
+        self.backend = backend
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = eos_token_ids
+        self.chat_template = chat_template
+        self.add_bos_token = add_bos_token
+        self.name = name
+        self.special_ids = set(backend.get_added_tokens_decoder())
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Text -> ids. Special tokens written in the text (e.g. <|im_start|>) become their single ids."""
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        add_bos = self.add_bos_token if add_bos is None else add_bos
+        if add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str:
+        """The token as the vocabulary spells it (byte-level: a space shows as 'Ġ')."""
+        return self.backend.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes one token stands for (may be part of a UTF-8 character)."""
+        from .bpe import bytes_to_unicode
+
+        inverse = {c: b for b, c in bytes_to_unicode().items()}
+        tok = self.id_to_token(token_id)
+        if token_id in self.special_ids:
+            return tok.encode()
+        return bytes(inverse[c] for c in tok)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Render a conversation with the model's own Jinja chat template."""
+        if not self.chat_template:
+            raise ValueError(f"model {self.name!r} has no chat template; use generate() with plain text")
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ValueError(f"each chat message must be a dict with 'role' and 'content', got {m!r}")
+        special = {"bos_token": self._token_text(self.bos_token_id), "eos_token": self._token_text(self.eos_token_id)}
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **special)
+
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_bos=False)
+
+    def _token_text(self, token_id: int | None) -> str:
+        return "" if token_id is None else self.backend.id_to_token(token_id)
+
+
+def load_tokenizer(model: str | Path | None = None) -> Tokenizer:
+    """The tokenizer of `model` (same names as `load_model`: None, a directory, a .gguf file, a Hub id)."""
+    files = resolve_model(model)
+    if files.kind == "gguf":
+        from .gguf_file import read_gguf_tokenizer_data
+
+        data = read_gguf_tokenizer_data(files.path)
+        eos = [data["eos_token_id"]] if data["eos_token_id"] is not None else []
+        return Tokenizer(tokenizer_from_gguf_data(data), data["bos_token_id"], eos,
+                         data["chat_template"], data["add_bos_token"], files.name)
+    path = files.path
+    if not (path / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"no tokenizer.json in {path}")
+    backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
+    cfg = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").is_file() else {}
+    model_cfg = json.loads((path / "config.json").read_text())
+    template = cfg.get("chat_template")
+    if template is None and (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text()
+    eos = model_cfg.get("eos_token_id")
+    eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    if cfg.get("eos_token"):
+        eos_tok = cfg["eos_token"]["content"] if isinstance(cfg["eos_token"], dict) else cfg["eos_token"]
+        tid = backend.token_to_id(eos_tok)
+        if tid is not None and tid not in eos_ids:
+            eos_ids.append(tid)
+    return Tokenizer(backend, model_cfg.get("bos_token_id"), eos_ids, template,
+                     bool(cfg.get("add_bos_token", False)), files.name)
+
+
+class StreamingDetokenizer:
+    """Turn a growing list of token ids into text deltas, never emitting half a UTF-8 character.
+
+    One Chinese character or emoji is 3-4 bytes and byte-level BPE may split it across tokens;
+    decoding a lone piece gives U+FFFD. Like vLLM's incremental detokenizer we keep two offsets:
+    text is decoded from `prefix_offset` and only the part after `read_offset` is new; a delta
+    is held back while it ends in U+FFFD (an incomplete character).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.token_ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.text = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add(self, token_ids: int | list[int]) -> str:
+        """Append new ids; return the text they complete ("" while a character is still partial)."""
+        self.token_ids.extend([token_ids] if isinstance(token_ids, int) else token_ids)
+        prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
+        new_text = self._decode(self.token_ids[self.prefix_offset:])
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return ""
+        delta = new_text[len(prefix_text):]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """At the end of a stream: whatever is still held back (a truly invalid byte sequence)."""
+        full = self._decode(self.token_ids)
+        delta = full[len(self.text):] if full.startswith(self.text) else ""
+        self.text += delta
+        return delta

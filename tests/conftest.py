@@ -1,0 +1,103 @@
+"""Shared fixtures: the default model, its transformers twin (the reference), tiny random models."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def gguf_path():
+    from course_lib.loading import default_gguf_path
+
+    return default_gguf_path()
+
+
+@pytest.fixture(scope="session")
+def model():
+    """The engine's SmolLM2-135M-Instruct, float32, CPU. Shared: tests must not modify it."""
+    import course_lib
+
+    return course_lib.load_model()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    import course_lib
+
+    return course_lib.load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def hf_model(gguf_path):
+    """transformers' own reading of the same GGUF file: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(gguf_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+
+
+@pytest.fixture(scope="session")
+def llm():
+    from course_lib import LLM
+
+    return LLM(device="cpu")
+
+
+def save_random_hf_model(path, arch: str, **overrides):
+    """A small random-weight transformers model of a real architecture, saved as safetensors."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    base = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
+    base.update(overrides)
+    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    torch.manual_seed(0)
+    hf = model_cls(cfg_cls(**base)).eval()
+    with torch.no_grad():  # random but not tiny: make every parameter matter, norms and biases too
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    hf.save_pretrained(path, safe_serialization=True)
+    return hf
+
+
+@pytest.fixture(scope="session")
+def llama3_dir(tmp_path_factory):
+    """Llama with Llama 3.1 RoPE scaling and untied embeddings."""
+    path = tmp_path_factory.mktemp("llama3")
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+    hf = save_random_hf_model(path, "llama", rope_scaling=rope, rope_theta=500000.0, tie_word_embeddings=False)
+    return path, hf
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir(tmp_path_factory):
+    """Qwen2: q/k/v biases, tied embeddings."""
+    path = tmp_path_factory.mktemp("qwen2")
+    hf = save_random_hf_model(path, "qwen2", tie_word_embeddings=True, rope_theta=1000000.0)
+    return path, hf

@@ -1,0 +1,85 @@
+"""LLM.generate / chat / stream: stopping, seeded sampling, metrics, and clear errors for bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course_lib import LLM, SamplingParams
+from course_lib.sampling import min_p_filter, top_k_filter, top_p_filter, apply_repetition_penalty, sample_from_probs
+
+CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
+
+
+def test_seeded_sampling_is_reproducible(llm):
+    p = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
+    a = llm.chat(CHAT, p)[0].outputs[0].token_ids
+    b = llm.chat(CHAT, p)[0].outputs[0].token_ids
+    c = llm.chat(CHAT, SamplingParams(**{**p.__dict__, "seed": 99}))[0].outputs[0].token_ids
+    assert a == b and len(a) == 24
+    assert a != c  # another seed, another sample
+
+
+def test_finish_reasons_and_metrics(llm):
+    out = llm.generate("The capital of France is", SamplingParams(max_tokens=5, temperature=0))[0]
+    assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 5
+    m = out.metrics
+    assert 0 < m.ttft <= m.e2e_latency and m.tpot > 0 and m.queue_time >= 0
+    eos = llm.chat([{"role": "user", "content": "Say hi."}], SamplingParams(max_tokens=200, temperature=0))[0]
+    assert eos.outputs[0].finish_reason == "stop" and eos.outputs[0].token_ids[-1] == 2
+
+
+def test_stop_string_cuts_the_text(llm):
+    p = SamplingParams(max_tokens=60, temperature=0, stop=["."])
+    out = llm.generate("The KV cache is", p)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == "."
+    assert "." not in out.text and len(out.text) > 0
+
+
+def test_stream_joins_to_the_generated_text(llm):
+    p = SamplingParams(max_tokens=30, temperature=0)
+    prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": "用一句话介绍北京。"}])
+    deltas = list(llm.stream(prompt, p))
+    assert "".join(deltas) == llm.generate(prompt, p)[0].outputs[0].text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_outputs_keep_the_input_order(llm):
+    prompts = ["One, two, three,", "A B C D", "The sky is"]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0))
+    assert [o.prompt for o in outs] == prompts
+    assert [o.prompt_token_ids for o in outs] == [llm.tokenizer.encode(p) for p in prompts]
+
+
+@pytest.mark.parametrize("field,value,allowed", [
+    ("temperature", -0.5, ">= 0"), ("top_p", 0.0, r"in \(0, 1\]"), ("top_p", 1.5, r"in \(0, 1\]"),
+    ("max_tokens", 0, ">= 1"), ("top_k", -3, "-1 or 0"), ("min_p", 2.0, r"in \[0, 1\]"),
+    ("repetition_penalty", 0.0, "> 0"),
+])
+def test_bad_sampling_params_name_field_and_range(field, value, allowed):
+    with pytest.raises(ValueError, match=f"{field} must be .*{allowed}"):
+        SamplingParams(**{field: value})
+
+
+def test_prompt_longer_than_context_is_rejected(llm):
+    with pytest.raises(ValueError, match="context window"):
+        llm.generate([[1] * (llm.max_model_len + 5)])
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([[]])
+
+
+def test_filters_on_a_known_distribution():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    keep = lambda x: torch.isfinite(x).nonzero().flatten().tolist()  # noqa: E731
+    assert keep(top_k_filter(logits, 2)) == [0, 1]
+    assert keep(top_p_filter(logits, 0.8)) == [0, 1]  # 0.5 + 0.3 reaches 0.8
+    assert keep(top_p_filter(logits, 0.81)) == [0, 1, 2]
+    assert keep(min_p_filter(logits, 0.2)) == [0, 1, 2]  # 0.15 >= 0.2 * 0.5, 0.05 is not
+    pen = apply_repetition_penalty(torch.tensor([2.0, -2.0, 1.0]), torch.tensor([0, 1]), 2.0)
+    assert pen.tolist() == [1.0, -4.0, 1.0]
+
+
+def test_exponential_race_samples_the_distribution():
+    probs = torch.tensor([0.6, 0.3, 0.1]).expand(20000, 3)
+    draws = sample_from_probs(probs, torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=3).float() / len(draws)
+    assert torch.allclose(freq, torch.tensor([0.6, 0.3, 0.1]), atol=0.02)
