@@ -34,7 +34,9 @@ def _as_blocks(data: bytes | np.ndarray | torch.Tensor, fmt: str) -> torch.Tenso
     """Raw bytes in any shape -> [n_blocks, bytes_per_block] uint8."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = np.frombuffer(data, dtype=np.uint8)
-    t = torch.as_tensor(np.ascontiguousarray(data)) if isinstance(data, np.ndarray) else data
+    if isinstance(data, np.ndarray):
+        data = np.array(data, copy=not data.flags.writeable, order="C")  # a read-only memmap is copied
+    t = torch.as_tensor(data)
     if t.dtype != torch.uint8:
         raise ValueError(f"{fmt} data must be raw bytes (uint8), got {t.dtype}")
     if t.numel() % TYPE_SIZE[fmt]:

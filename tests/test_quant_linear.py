@@ -1,0 +1,139 @@
+"""QuantLinear and quantize_model on random layers and a tiny random Transformer."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_lib.config import ModelConfig
+from course_lib.model import Transformer
+from course_lib.quant import QuantLinear, quantize_model
+from course_lib.quant.linear import cpu_backend_problem
+
+CASES = [("int8", 128), ("int4", 128), ("int4", 32)]
+HAS_CPU_OPS = cpu_backend_problem("int4", 576, 192, 128) is None and cpu_backend_problem("int8", 576, 192, 0) is None
+
+
+def _linear(in_features: int, out_features: int, bias: bool, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    lin = nn.Linear(in_features, out_features, bias=bias)
+    with torch.no_grad():
+        lin.weight.mul_(torch.logspace(-1, 1, out_features)[:, None])  # rows of different scales
+    return lin
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+@pytest.mark.parametrize("method,group_size", CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_torch_backend_equals_dequantize_then_linear(method, group_size, bias):
+    lin = _linear(576, 192, bias)  # 576 = 4.5 groups of 128: the padded case
+    q = QuantLinear.from_linear(lin, method, group_size, backend="torch")
+    x = torch.randn(2, 5, 576)  # [batch, seq, in]
+    ref = F.linear(x, q.dequantize(), lin.bias)
+    y = q(x)
+    assert y.shape == (2, 5, 192) and y.dtype == x.dtype
+    assert _rel(y, ref) < 1e-4
+    # and it is still the layer it replaced, up to quantization error
+    assert _rel(y, lin(x)) < (0.02 if method == "int8" else 0.15)
+
+
+@pytest.mark.skipif(not HAS_CPU_OPS, reason="this torch lacks the packed CPU kernels")
+@pytest.mark.parametrize("method,group_size", CASES)
+def test_cpu_backend_matches_the_reference(method, group_size):
+    """PyTorch's packed CPU kernels compute in bfloat16: equal to the reference within bf16 rounding."""
+    lin = _linear(576, 192, bias=True, seed=1)
+    fast = QuantLinear.from_linear(lin, method, group_size, backend="cpu")
+    ref_layer = QuantLinear.from_linear(lin, method, group_size, backend="torch")
+    # the same weights, read back from the CPU layout; scales (and zeros) are stored in bfloat16 there
+    w_fast, w_ref = fast.dequantize(), ref_layer.dequantize()  # [out, in]
+    row_peak = w_ref.abs().amax(dim=1, keepdim=True)
+    assert ((w_fast - w_ref).abs() <= row_peak * 2**-7).all()  # a wrong code would be off by a step, >= peak / 15
+    x = torch.randn(7, 576)
+    y = fast(x)
+    assert y.dtype == torch.float32 and y.shape == (7, 192)
+    assert _rel(y, F.linear(x, fast.dequantize(), lin.bias)) < 1e-2
+    assert _rel(fast(x.bfloat16()), F.linear(x, fast.dequantize(), lin.bias)) < 1e-2
+
+
+@pytest.mark.skipif(not HAS_CPU_OPS, reason="this torch lacks the packed CPU kernels")
+def test_cpu_int4_codes_read_back_exactly():
+    lin = _linear(640, 64, bias=False, seed=2)
+    fast = QuantLinear.from_linear(lin, "int4", 64, backend="cpu")
+    ref = QuantLinear.from_linear(lin, "int4", 64, backend="torch")
+    from course_lib.quant.int4 import unpack_int4
+
+    assert torch.equal(fast._cpu_int4_codes(), unpack_int4(ref.qweight).float())
+
+
+def test_backend_choice_and_errors():
+    lin = _linear(40, 48, bias=False)  # 40 inputs: too narrow for the int8 CPU kernel
+    with pytest.raises(ValueError, match="in_features % 16"):
+        QuantLinear.from_linear(lin, "int8", backend="cpu")
+    with pytest.raises(ValueError, match="group_size in"):
+        QuantLinear.from_linear(_linear(96, 64, False), "int4", group_size=48, backend="cpu")
+    assert QuantLinear.from_linear(lin, "int8", backend="auto").backend == "torch"
+    with pytest.raises(ValueError, match="method"):
+        QuantLinear.from_linear(lin, "int3")
+    q = QuantLinear.from_linear(lin, "int4", 32, backend="torch")
+    with pytest.raises(ValueError, match="expects 40"):
+        q(torch.randn(3, 41))
+
+
+def test_state_dict_round_trip():
+    lin = _linear(576, 64, bias=True, seed=3)
+    for backend in ("torch", "cpu") if HAS_CPU_OPS else ("torch",):
+        q = QuantLinear.from_linear(lin, "int4", 128, backend=backend)
+        fresh = QuantLinear(576, 64, "int4", 128, bias=True, backend=backend)
+        fresh.load_state_dict(q.state_dict())
+        x = torch.randn(3, 576)
+        assert torch.equal(fresh(x), q(x))
+
+
+def _tiny_model() -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
+                      num_kv_heads=2, tie_word_embeddings=True)
+    return Transformer(cfg).eval()
+
+
+@pytest.mark.parametrize("method,group_size", [("int8", 128), ("int4", 32)])
+def test_quantize_model_swaps_linears_in_place(method, group_size):
+    model = _tiny_model()
+    ids = torch.randint(0, 256, (1, 12))
+    with torch.no_grad():
+        ref = model(ids)
+    embed = model.embed_tokens.weight
+    out = quantize_model(model, method, group_size=group_size, backend="torch")
+    assert out is model
+    names = {n for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    assert len(names) == 2 * 7 and "lm_head" not in names  # q, k, v, o, gate, up, down per layer
+    assert not any(type(m) is nn.Linear and n != "lm_head" for n, m in model.named_modules())
+    assert model.embed_tokens.weight is embed and model.lm_head.weight is embed  # still tied, untouched
+    with torch.no_grad():
+        got = model(ids)
+    assert got.shape == ref.shape and torch.isfinite(got).all()
+    assert _rel(got, ref) < (0.05 if method == "int8" else 0.3)
+
+
+def test_quantize_model_lm_head_is_explicit():
+    model = quantize_model(_tiny_model(), "int8", backend="torch", include_lm_head=True)
+    assert isinstance(model.lm_head, QuantLinear)
+    assert isinstance(model.embed_tokens, nn.Embedding)
+    with pytest.raises(ValueError, match="method"):
+        quantize_model(_tiny_model(), "fp8")
+
+
+def test_quantize_model_auto_warns_when_it_falls_back():
+    cfg = ModelConfig(vocab_size=64, hidden_size=40, intermediate_size=72, num_layers=1, num_heads=4, num_kv_heads=2)
+    model = Transformer(cfg).eval()  # 40-wide: the int8 CPU kernel cannot take it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quantize_model(model, "int8")
+    assert any("slower 'torch' backend" in str(w.message) for w in caught)
+    assert model.layers[0].self_attn.q_proj.backend == "torch"
