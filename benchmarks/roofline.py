@@ -14,17 +14,14 @@ import sys
 import warnings
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-
-from course_lib.config import ModelConfig  # noqa: E402
-from course_lib.dtypes import resolve_device, resolve_dtype  # noqa: E402
-from course_lib.model import Transformer  # noqa: E402
-from course_lib.profiling import measure_ceilings, measure_decode, measure_prefill  # noqa: E402
-from course_lib.profiling.plots import plot_roofline  # noqa: E402
+from course_lib.config import ModelConfig
+from course_lib.dtypes import resolve_device, resolve_dtype
+from course_lib.model import Transformer
+from course_lib.profiling import measure_ceilings, measure_decode, measure_prefill
+from course_lib.profiling.plots import plot_roofline
 
 SMOLLM2_135M = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                            num_kv_heads=3, head_dim=64, tie_word_embeddings=True, rope_theta=100000.0,
@@ -38,7 +35,7 @@ def load(random: bool, device: torch.device, dtype: torch.dtype) -> tuple[Transf
             from course_lib import load_model
 
             return load_model(device=device, dtype=dtype).eval(), "default model (SmolLM2-135M-Instruct)"
-        except Exception as e:  # noqa: BLE001 - the benchmark still says something useful with random weights
+        except Exception as e:
             warnings.warn(f"could not load the default model ({e!r}); using random weights of its shape")
     torch.manual_seed(0)
     return Transformer(SMOLLM2_135M).to(device=device, dtype=dtype).eval(), SMOLLM2_135M.name
@@ -51,8 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-tokens", type=int, default=512)
     ap.add_argument("--context", type=int, default=512, help="cached tokens before the decode step")
     ap.add_argument("--random", action="store_true", help="random weights instead of the default model")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     ap.add_argument("--out", default="figures/roofline.png")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import ModelConfig
 from .memory import ConfigLike, as_model_config, bytes_per_value
 
 
@@ -103,7 +102,7 @@ def step_bytes(config: ConfigLike, batch: int = 1, new_tokens: int = 1, context_
     }
 
 
-def step_cost(config: ConfigLike | ModelConfig, batch: int = 1, new_tokens: int = 1, context_len: int = 0,
+def step_cost(config: ConfigLike, batch: int = 1, new_tokens: int = 1, context_len: int = 0,
               dtype: torch.dtype | str = torch.float32, kv_dtype: torch.dtype | str | None = None,
               weight_bytes: int | None = None, logits_tokens: int | None = None,
               causal: bool = True) -> StepCost:

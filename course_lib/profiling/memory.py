@@ -6,7 +6,7 @@
 
 The KV term is why serving runs out of memory long before the weights do: an 8B Llama
 (32 layers, 8 KV heads, head_dim 128) in bf16 keeps 128 KiB per token, so 32 users at
-8k tokens need 32 GiB of cache, twice its 16 GB of weights.
+8k tokens need 32 GiB of cache, over twice its 15 GiB of weights.
 """
 from __future__ import annotations
 
