@@ -44,7 +44,12 @@ def matrix_heatmap(matrix, row_labels: Sequence[str] | None = None, col_labels: 
     data = _as_numpy(matrix)
     if data.ndim != 2:
         raise ValueError(f"matrix_heatmap needs a 2-D matrix, got shape {data.shape}")
-    fig, ax = _new_axes(ax, figsize=(max(4.5, 0.35 * data.shape[1] + 2.5), max(3.5, 0.3 * data.shape[0] + 2)))
+    if row_labels is None and col_labels is None:
+        width, height = 7.0, 5.5
+    else:  # room for the tick labels (tokens), but bounded
+        width = min(11.0, max(4.5, 0.3 * data.shape[1] + 2.5))
+        height = min(8.0, max(3.5, 0.25 * data.shape[0] + 2))
+    fig, ax = _new_axes(ax, figsize=(width, height))
     if center:
         lim = float(np.nanmax(np.abs(data))) or 1.0
         cmap, vmin, vmax = "RdBu_r", -lim, lim
@@ -83,12 +88,12 @@ def rope_frequency_plot(config: ModelConfig, context_len: int | None = None) -> 
     fig, (ax_f, ax_w) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
     ax_f.semilogy(pairs, inv_freq, "o-", ms=3)
     ax_f.set_xlabel("pair index i (dimensions i and i + d/2)")
-    ax_f.set_ylabel("rotation speed theta_i (radians / token)")
+    ax_f.set_ylabel(r"rotation speed $\theta_i$ (radians / token)")
     ax_f.set_title("RoPE frequencies")
     ax_w.semilogy(pairs, wavelength, "o-", ms=3, color="tab:orange")
     ax_w.axhline(context_len, color="grey", ls="--", lw=1, label=f"context length {context_len} tokens")
     ax_w.set_xlabel("pair index i (dimensions i and i + d/2)")
-    ax_w.set_ylabel("wavelength 2*pi/theta_i (tokens)")
+    ax_w.set_ylabel(r"wavelength $2\pi/\theta_i$ (tokens)")
     ax_w.set_title("RoPE wavelengths")
     ax_w.legend(fontsize=8, loc="upper left")
     for ax in (ax_f, ax_w):
@@ -111,15 +116,19 @@ def rope_rotation_plot(inv_freq, pairs: Sequence[int], positions: Sequence[int])
         angles = np.asarray(positions, dtype=float) * inv[i]
         ax.plot(np.cos(circle), np.sin(circle), color="lightgrey", lw=1)
         ax.scatter(np.cos(angles), np.sin(angles), c=np.asarray(positions), cmap="viridis", s=30, zorder=3)
-        for p, a in zip(positions, angles):
-            ax.annotate(str(p), (math.cos(a), math.sin(a)), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        labelled: list[tuple[float, float]] = []
+        for p, a in zip(positions, angles):  # label a dot unless it sits on top of one already labelled
+            xy = (math.cos(a), math.sin(a))
+            if all(math.dist(xy, other) > 0.15 for other in labelled):
+                ax.annotate(str(p), xy, textcoords="offset points", xytext=(4, 4), fontsize=7)
+                labelled.append(xy)
         ax.set_aspect("equal")
         ax.set_xlim(-1.35, 1.35)
         ax.set_ylim(-1.35, 1.35)
         ax.set_xlabel("dimension i (x component)")
         ax.set_ylabel("dimension i + d/2 (y component)")
-        ax.set_title(f"pair {i}: {inv[i]:.3g} rad/token")
-    fig.suptitle("RoPE rotates each 2-D pair by position x theta_i (numbers: positions)")
+        ax.set_title(f"pair {i}: $\\theta_{{{i}}}$ = {inv[i]:.3g} rad/token")
+    fig.suptitle(r"RoPE rotates each 2-D pair by position $\times\ \theta_i$ (numbers: positions)")
     return fig
 
 
