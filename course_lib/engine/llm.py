@@ -7,28 +7,31 @@
 """
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
 from ..dtypes import resolve_device, resolve_dtype
-from ..generate import generate_stream
 from ..loading import load_model
-from ..sampling import Sampler, SamplingParams
+from ..sampling import SamplingParams
 from ..tokenizer import load_tokenizer
-from .sequence import RequestOutput, Sequence
+from .llm_engine import EngineConfig, LLMEngine
+from .sequence import RequestOutput
 
 Prompt = str | list[int]  # text, or token ids already encoded
 
 
 class LLM:
-    """Load a model once, then generate, chat and stream."""
+    """Load a model once, then generate, chat and stream through the continuous-batching engine.
+
+    Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free
+    GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len.
+    """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: torch.dtype | str | None = None, quantization: str | None = None,
-                 group_size: int = 128, max_model_len: int | None = None):
+                 group_size: int = 128, **engine_args):
         self.device = resolve_device(device)
         default = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model = load_model(model, device=self.device, dtype=resolve_dtype(dtype, default))
@@ -38,50 +41,51 @@ class LLM:
 
             quantize_model(self.model, quantization, group_size=group_size)
         self.config = self.model.config
-        limit = self.config.max_position_embeddings
-        if max_model_len is not None and not 1 <= max_model_len <= limit:
-            raise ValueError(f"max_model_len must be in [1, {limit}] for this model, got {max_model_len}")
-        self.max_model_len = max_model_len or limit
-        self.sampler = Sampler()
-        self._ids = itertools.count()
+        self.engine = LLMEngine(self.model, self.tokenizer, EngineConfig(**engine_args))
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
 
     def get_tokenizer(self):
         return self.tokenizer
 
-    def _make_sequence(self, prompt: Prompt, params: SamplingParams) -> Sequence:
-        if isinstance(prompt, str):
-            ids, text = self.tokenizer.encode(prompt), prompt
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            ids, text = list(prompt), None
-        else:
-            raise TypeError(f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}")
-        if not ids:
-            raise ValueError("prompt is empty: it must hold at least one token")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt is {len(ids)} tokens, but the context window (max_model_len) is "
-                             f"{self.max_model_len}: the prompt must be shorter than {self.max_model_len} tokens")
-        return Sequence(str(next(self._ids)), ids, params, self.tokenizer, text, max_model_len=self.max_model_len)
-
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Complete each prompt; outputs come back in the order of `prompts`."""
+        """Serve all prompts together (continuous batching); outputs come back in the order of `prompts`."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
-        seqs = [self._make_sequence(p, sp) for p, sp in zip(prompts, params)]  # validate all before running any
+        ids: list[str] = []
+        try:
+            for p, sp in zip(prompts, params):
+                ids.append(self.engine.add_request(p, sp))
+            final = self._run(set(ids), use_tqdm)
+        except BaseException:
+            for rid in ids:  # a bad prompt, an error or Ctrl-C: nothing stays queued or allocated
+                self.engine.abort_request(rid)
+            raise
+        return [final[rid] for rid in ids]
+
+    def _run(self, pending: set[str], use_tqdm: bool) -> dict[str, RequestOutput]:
+        final: dict[str, RequestOutput] = {}
+        bar = None
         if use_tqdm:
             from tqdm.auto import tqdm
 
-            seqs_iter = tqdm(seqs, desc="generate", unit="req")
-        else:
-            seqs_iter = seqs
-        for seq in seqs_iter:
-            for _ in generate_stream(self.model, seq, self.sampler):
-                pass
-        return [seq.output() for seq in seqs]
+            bar = tqdm(total=len(pending), desc="generate", unit="req")
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished and out.request_id in pending:
+                    final[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return final
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool = False) -> list[RequestOutput]:
@@ -92,5 +96,14 @@ class LLM:
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield text deltas of one completion as its tokens are produced."""
-        seq = self._make_sequence(prompt, sampling_params or SamplingParams())
-        yield from generate_stream(self.model, seq, self.sampler)
+        rid = self.engine.add_request(prompt, sampling_params or SamplingParams())
+        try:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.request_id == rid:
+                        if out.delta:
+                            yield out.delta
+                        if out.finished:
+                            return
+        finally:
+            self.engine.abort_request(rid)  # no-op once finished; frees blocks if the caller stopped early

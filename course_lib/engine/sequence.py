@@ -117,8 +117,7 @@ class Sequence:
             self._finish("length")
 
     def _finish(self, reason: str, stop_reason: int | str | None = None) -> None:
-        if reason != "stop" or not isinstance(stop_reason, str):
-            self.text += self._detok.flush()
+        # A trailing partial UTF-8 character (max_tokens cut it) is dropped, as vLLM does.
         self.status = SequenceStatus.FINISHED
         self.finish_reason, self.stop_reason = reason, stop_reason
         self.metrics.record_finished()

@@ -1,0 +1,51 @@
+"""`ModelRunner`: tensors in, tokens out. Packs a scheduled batch into one row and runs the model.
+
+    seq A: prefill chunk of 5  | seq B: decode 1 | seq C: decode 1
+    input_ids    [1, 7]  = [a3 a4 a5 a6 a7 | b9 | c4]
+    positions    [1, 7]  = [ 3  4  5  6  7 |  9 |  4]       where each token sits in its sequence
+    slot_mapping [7]     = flat KV slot each token's K/V is written to (through the block tables)
+    logits_index         = the last token of each sequence that finished its prompt: it samples
+"""
+from __future__ import annotations
+
+import torch
+
+from ..attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from ..model import Transformer
+from ..sampling import Sampler
+from .scheduler import ScheduledBatch
+
+
+class ModelRunner:
+    """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`."""
+
+    def __init__(self, model: Transformer, kv_cache: PagedKVCache):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> list[int | None]:
+        """One forward over the packed batch; returns the sampled token per sequence (None mid-prompt)."""
+        device = self.model.device
+        ids, positions, samples, logits_index = [], [], [], []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            start = seq.num_computed_tokens
+            ids += seq.token_ids[start:start + n]
+            positions += range(start, start + n)
+            done = start + n == len(seq)  # this step completes the sequence's known tokens: it samples
+            samples.append(done)
+            if done:
+                logits_index.append(len(ids) - 1)
+        meta = PagedAttentionMetadata.build(
+            block_tables=[seq.block_table for seq in batch.seqs],
+            context_lens=[seq.num_computed_tokens + n for seq, n in zip(batch.seqs, batch.num_tokens)],
+            query_lens=batch.num_tokens, block_size=self.kv_cache.block_size, device=device)
+        input_ids = torch.tensor([ids], device=device)  # [1, num_tokens]
+        pos = torch.tensor([positions], device=device)  # [1, num_tokens]
+        index = torch.tensor(logits_index, device=device, dtype=torch.long)
+        logits = self.model(input_ids, pos, kv=PagedAttention(self.kv_cache, meta), logits_index=index)[0]
+        sampling = [seq for seq, s in zip(batch.seqs, samples) if s]  # logits: [num_sampling, vocab]
+        tokens = iter(self.sampler(logits, [s.params for s in sampling], [s.token_ids for s in sampling],
+                                   [s.request_id for s in sampling]) if sampling else [])
+        return [next(tokens) if s else None for s in samples]

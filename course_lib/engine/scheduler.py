@@ -1,0 +1,127 @@
+"""`Scheduler`: which sequences run this step, and how many of their tokens.
+
+Continuous batching (Orca, vLLM): every step is one forward over a packed batch that mixes
+  - one token for each running sequence in decode, and
+  - prefill work for sequences whose prompt is not computed yet, in chunks,
+within `max_num_batched_tokens` tokens and `max_num_seqs` sequences. A sequence joins the
+batch as soon as blocks are free and leaves the moment it finishes: no waiting for the slowest.
+
+Every sequence is handled the same way: it needs `len(seq) - seq.num_computed_tokens` more
+tokens computed (a whole prompt, the rest of a chunked prompt, or 1 in decode). When KV blocks
+run out, the youngest running sequence is preempted: its blocks are freed and it goes back to
+the front of the queue, to be recomputed (prompt + what it generated) when memory allows.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerConfig:
+    """Per-step limits. Checked on creation."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work: `seqs[i]` computes its next `num_tokens[i]` tokens."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    def add(self, seq: Sequence, n: int) -> None:
+        self.seqs.append(seq)
+        self.num_tokens.append(n)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    """FCFS queues of waiting and running sequences over one BlockManager."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # oldest first: the last one is the first to be preempted
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        """Decodes and unfinished prefills of running sequences first, then admit waiting ones."""
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            if not self._make_room(seq, batch):
+                break  # seq preempted itself: nothing younger is left running
+            n = min(len(seq) - seq.num_computed_tokens, budget)
+            batch.add(seq, n)
+            budget -= n
+            i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.block_manager.can_allocate(len(seq)):
+                break  # FCFS: the head of the queue waits for memory, nobody overtakes it
+            self.waiting.popleft()
+            self.block_manager.allocate(seq)
+            seq.num_computed_tokens = seq.num_cached_tokens  # the prefix cache computed these already
+            seq.status = SequenceStatus.RUNNING
+            seq.metrics.record_scheduled()
+            self.running.append(seq)
+            n = min(len(seq) - seq.num_computed_tokens, budget)
+            batch.add(seq, n)
+            budget -= n
+        return batch
+
+    def _make_room(self, seq: Sequence, batch: ScheduledBatch) -> bool:
+        """Give `seq` the blocks its next token needs, preempting the youngest others; False if seq itself went."""
+        while not self.block_manager.can_append(seq):
+            victim = self.running[-1]
+            self.preempt(victim)
+            batch.preempted.append(victim)
+            if victim is seq:
+                return False
+        self.block_manager.append_slot(seq)
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's blocks and put it first in line; it is recomputed later."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence) -> None:
+        """Take a finished (or aborted) sequence out of the queues; its blocks return at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.block_manager.free(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+            self.block_manager.free(seq)  # a preempted sequence holds no blocks; free() is then a no-op
