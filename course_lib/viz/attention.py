@@ -112,7 +112,7 @@ def kv_memory_plot(kv_bytes: Mapping[str, int], title: str = "KV cache per token
     kib = [kv_bytes[n] / 1024 for n in names]
     bars = ax.barh(names, kib, color="tab:blue")
     for bar, v in zip(bars, kib):
-        ax.annotate(f"{v:,.0f} KiB", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+        ax.annotate(f"{v:,.1f} KiB" if v < 100 else f"{v:,.0f} KiB", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
                     textcoords="offset points", xytext=(3, 0), va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, max(kib) * 1.25)
