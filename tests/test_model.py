@@ -112,3 +112,10 @@ def test_corrupt_files_say_so(tmp_path, qwen2_dir):
     (d / "model.safetensors").write_bytes(b"\x00" * 64)
     with pytest.raises(ValueError, match="corrupt"):
         course_lib.load_model(d)
+
+
+def test_reference_attention_keeps_the_model_dtype(qwen2_dir):
+    m = course_lib.load_model(qwen2_dir[0], dtype=torch.bfloat16)
+    ref = ReferenceAttention()
+    assert m(torch.tensor([[1, 2, 3, 4]]), kv=ref).dtype == torch.bfloat16
+    assert ref.weights[0].dtype == torch.float32  # the weights themselves are computed in float32

@@ -73,7 +73,7 @@ class ReferenceAttention:
 
 def reference_attention(q, k, v, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q K^T / sqrt(d) + causal mask) V, written out. Returns (out [B,Tq,H,D], weights [B,H,Tq,Tk])."""
-    group = q.shape[2] // k.shape[2]
+    dtype, group = q.dtype, q.shape[2] // k.shape[2]
     k = k.repeat_interleave(group, dim=2)  # each KV head serves `group` query heads
     v = v.repeat_interleave(group, dim=2)
     q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))  # [B, heads, seq, head_dim]
@@ -82,4 +82,4 @@ def reference_attention(q, k, v, start: int = 0) -> tuple[torch.Tensor, torch.Te
     scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
     out = weights @ v  # [B, heads, Tq, head_dim]
-    return out.transpose(1, 2).to(q.dtype), weights
+    return out.transpose(1, 2).to(dtype), weights
