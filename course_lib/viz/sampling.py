@@ -64,7 +64,8 @@ def token_label(tokenizer: Tokenizer, token_id: int) -> str:
     return ascii(text)
 
 
-def top_tokens(tokenizer: Tokenizer, ids: torch.Tensor, probs: torch.Tensor, n: int = 10) -> list[tuple[int, str, float]]:
+def top_tokens(tokenizer: Tokenizer, ids: torch.Tensor, probs: torch.Tensor,
+               n: int = 10) -> list[tuple[int, str, float]]:
     """The first n rows of (token id, token text, probability rounded to 4 digits), for printing."""
     return [(int(i), tokenizer.decode([int(i)]), round(float(p), 4)) for i, p in zip(ids[:n], probs[:n])]
 
@@ -122,7 +123,10 @@ def plot_temperatures(logits: torch.Tensor, tokenizer: Tokenizer, temperatures: 
     ids = filtered_distribution(logits)[0][:n]
     fig, ax = plt.subplots(figsize=(10, 4))
     for t in temperatures:
-        probs = (logits.float() / t).softmax(-1) if t > 0 else torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).float()
+        if t > 0:
+            probs = (logits.float() / t).softmax(-1)  # [vocab]
+        else:  # the limit T -> 0 is greedy: all mass on the argmax
+            probs = torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).float()
         ax.plot(range(len(ids)), 100 * probs[ids], marker="o", label=f"T = {t:g}")
     ax.set_xticks(range(len(ids)))
     ax.set_xticklabels([token_label(tokenizer, int(i)) for i in ids], rotation=60, ha="right", fontsize=8)
