@@ -72,14 +72,19 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Nucleus sampling: keep the most likely tokens until their total probability reaches p."""
+    """Nucleus sampling: keep the most likely tokens until their total probability reaches p.
+
+    Computed from the unlikely end, as transformers does: drop tokens whose cumulative mass,
+    counted upward from the least likely, stays <= 1 - p. (Subtracting from a float32 running sum
+    from the top instead loses the last token or two to rounding over a 49k vocabulary.)
+    """
     if p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-    cum = sorted_logits.softmax(-1).cumsum(-1)
-    drop = cum - sorted_logits.softmax(-1) >= p  # mass before this token already reaches p
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    sorted_logits, order = torch.sort(logits, descending=False, dim=-1)
+    tail_mass = sorted_logits.softmax(-1).cumsum(-1)  # mass of this token and all less likely ones
+    drop = tail_mass <= 1 - p
+    drop[..., -1] = False  # always keep the most likely token
+    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
 
 
 def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:

@@ -83,3 +83,15 @@ def test_exponential_race_samples_the_distribution():
     draws = sample_from_probs(probs, torch.Generator().manual_seed(0))
     freq = torch.bincount(draws, minlength=3).float() / len(draws)
     assert torch.allclose(freq, torch.tensor([0.6, 0.3, 0.1]), atol=0.02)
+
+
+def test_top_p_matches_transformers_on_real_logits(model, tokenizer):
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    ids = torch.tensor([tokenizer.encode("Once upon a time, there was a")])
+    with torch.no_grad():
+        logits = model(ids)[:, -1]  # [1, vocab]
+    for p in (0.3, 0.5, 0.76, 0.9, 0.95):
+        ours = torch.isfinite(top_p_filter(logits, p))
+        ref = torch.isfinite(TopPLogitsWarper(p)(ids, logits.clone()))
+        assert torch.equal(ours, ref), p
