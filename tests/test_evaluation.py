@@ -1,0 +1,81 @@
+"""course_lib.evaluation on a tiny random model: perplexity windows, agreement, memory, texts."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib import evaluation as ev
+from course_lib.config import ModelConfig
+from course_lib.model import Transformer
+from course_lib.quant import quantize_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                      num_kv_heads=2, tie_word_embeddings=True, max_position_embeddings=256)
+    return Transformer(cfg).eval()
+
+
+def test_score_text_one_window_is_the_plain_cross_entropy(tiny):
+    ids = torch.randint(0, 128, (40,))
+    with torch.no_grad():
+        logits = tiny(ids[None])[0]  # [40, vocab]
+    nll = F.cross_entropy(logits[:-1], ids[1:]).item()
+    s = ev.score_text(tiny, ids, window=64)
+    assert s.num_tokens == 39 and s.predictions.shape == (39,)
+    assert s.perplexity == pytest.approx(math.exp(nll), rel=1e-5)
+    assert torch.equal(s.predictions, logits[:-1].argmax(-1))
+
+
+def test_windows_score_every_token_once(tiny):
+    ids = torch.randint(0, 128, (50,))
+    whole = ev.score_text(tiny, ids, window=64)
+    chunks = ev.score_text(tiny, ids, window=16)  # 4 forwards of <= 16 tokens
+    sliding = ev.score_text(tiny, ids, window=16, stride=4)  # every token sees >= 12 tokens before it
+    assert whole.num_tokens == chunks.num_tokens == sliding.num_tokens == 49
+    assert chunks.predictions.shape == sliding.predictions.shape == (49,)
+    # up to position 16 all three read the same prefix, so they predict the same tokens
+    assert torch.equal(chunks.predictions[:16], whole.predictions[:16])
+    assert torch.equal(sliding.predictions[:16], whole.predictions[:16])
+    assert not math.isclose(chunks.nll, whole.nll)  # less context after each cut: a different number
+    # a window as long as the text is a single forward, whatever the stride
+    assert ev.score_text(tiny, ids, window=50, stride=50).nll == pytest.approx(whole.nll, rel=1e-6)
+    with pytest.raises(ValueError, match="stride"):
+        ev.score_text(tiny, ids, window=8, stride=9)
+
+
+def test_agreement_and_memory_of_a_quantized_copy(tiny):
+    ids = torch.randint(0, 128, (30,))
+    q = quantize_model(copy.deepcopy(tiny), "int8", backend="torch")
+    assert ev.top1_agreement(tiny, tiny, ids) == 1.0
+    assert 0.5 < ev.top1_agreement(tiny, q, ids) <= 1.0
+    float_bytes = ev.linear_weight_bytes(tiny)
+    per_layer = 4 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128)  # q, o; k, v; gate, up, down
+    assert float_bytes == 2 * per_layer
+    assert ev.linear_weight_bytes(tiny, include_lm_head=True) == float_bytes + 4 * 128 * 64
+    ratio = ev.linear_weight_bytes(q) / float_bytes
+    assert 0.25 < ratio < 0.3  # one byte a weight plus a float32 scale a row
+    assert ev.model_weight_bytes(tiny) == 4 * sum(p.numel() for p in tiny.parameters())  # tied head once
+
+
+def test_decode_speed_and_greedy(tiny):
+    prompt = [1, 2, 3]
+    out = ev.greedy_generate(tiny, prompt, 5)
+    with torch.no_grad():
+        full = tiny(torch.tensor([prompt + out[:-1]]))[0].argmax(-1)  # [7]
+    assert out == full[len(prompt) - 1 :].tolist()  # the cached loop equals a full forward
+    assert ev.decode_tokens_per_second(tiny, prompt, 4) > 0
+
+
+def test_evaluation_texts_are_fixed_and_offline():
+    texts = ev.evaluation_texts()
+    assert set(texts) == {"en", "zh"}
+    assert texts == ev.evaluation_texts()
+    assert len(texts["en"].split()) > 500 and "tournament" in texts["en"]
+    assert len(texts["zh"]) > 500 and sum("\u4e00" <= c <= "\u9fff" for c in texts["zh"]) > 400
