@@ -152,7 +152,7 @@ def test_fit_line_and_plots():
 
     assert fit_line([1, 2, 3], [3, 5, 7]) == pytest.approx((2.0, 1.0))
     ax = plot_latency_vs_length([32, 64, 128], [0.01, 0.02, 0.04])
-    assert "µs/token" in ax.get_legend().get_texts()[1].get_text()
+    assert "µs/token" in ax.get_legend().get_texts()[1].get_text()  # 0.3 ms per token shown in µs
     sweep = pd.DataFrame({"concurrency": [1, 2, 4], "output_throughput": [10.0, 18.0, 30.0],
                           "tpot_p50": [0.1, 0.11, 0.13], "ttft_p90": [0.2, 0.3, 0.5]})
     ax = plot_throughput_vs_concurrency(sweep)

@@ -1,4 +1,4 @@
-"""Matplotlib figures for the profiling chapter: the roofline, latency against length, throughput against concurrency."""
+"""Matplotlib figures for the profiling chapter: roofline, latency against length, throughput against concurrency."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
@@ -46,28 +46,35 @@ def plot_roofline(ceilings: Ceilings, points: Sequence[RooflinePoint] = (), ax: 
 
 
 def plot_latency_vs_length(lengths: Sequence[float], seconds: Sequence[float], ax: Axes | None = None,
-                           xlabel: str = "prompt length (tokens)", ylabel: str = "TTFT (ms)",
-                           title: str | None = None, label: str = "measured") -> Axes:
-    """Measured latencies (plotted in ms) against a length in tokens, with the least-squares line and its slope."""
+                           xlabel: str | None = None, ylabel: str | None = None, title: str | None = None,
+                           label: str = "measured", color: str = "tab:blue") -> Axes:
+    """Measured latencies (plotted in ms) against a length in tokens, with the least-squares line and its slope.
+
+    Call it again with the same `ax` and another `color` to overlay a second series (labels left as they are).
+    """
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4.5))
+        xlabel, ylabel = xlabel or "length (tokens)", ylabel or "latency (ms)"
     x, y = np.asarray(lengths, dtype=float), np.asarray(seconds, dtype=float) * 1e3
-    ax.scatter(x, y, s=36, color="tab:blue", zorder=3, label=label)
+    ax.scatter(x, y, s=36, color=color, zorder=3, label=label)
     if len(np.unique(x)) >= 2:
-        slope, intercept = np.polyfit(x, y, 1)
+        slope, intercept = np.polyfit(x, y, 1)  # ms per token, ms
         grid = np.linspace(0, x.max() * 1.05, 100)
-        ax.plot(grid, slope * grid + intercept, color="tab:red", lw=1.5,
-                label=f"fit: {slope * 1e3:.1f} µs/token x length + {intercept:.0f} ms")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+        per_token = f"{slope:.2f} ms" if abs(slope) >= 1 else f"{slope * 1e3:.1f} µs"
+        ax.plot(grid, slope * grid + intercept, color=color, lw=1.2, ls="--",
+                label=f"fit: {per_token}/token x length {intercept:+.0f} ms")
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="lower right")
     return ax
 
 
