@@ -87,6 +87,9 @@ def test_token_costs_and_plot(toy):
     assert [t.get_text() for t in left.get_yticklabels()] == ["English", "Chinese"]
     assert "tokens" in left.get_xlabel() and "per character" in right.get_xlabel()
     assert left.get_title() and right.get_title() and fig.get_suptitle()
+    fig = viz.plot_token_costs(costs, highlight=["Chinese"])
+    first, second = fig.axes[0].patches
+    assert first.get_facecolor() != second.get_facecolor()
 
 
 @pytest.mark.parametrize("text, script", [("Ġthe".replace("Ġ", " "), "Latin"), ("数据", "Han (Chinese)"),
@@ -116,6 +119,15 @@ def test_training_curve():
     assert y[0] == len(text.encode()) and list(y[1:]) == [s.num_tokens for s in steps]
     assert all(b < a for a, b in zip(y, y[1:]))
     assert "merges" in ax.get_xlabel() and "tokens" in ax.get_ylabel()
+
+
+def test_readable_bytes_and_describe_merge():
+    assert viz.readable_bytes("猫".encode()) == "猫"
+    assert viz.readable_bytes(b"\xe7\x8c") == "<e7 8c>"
+    steps = list(bpe_training_steps("aaabdaaabac", 2))
+    assert viz.describe_merge(steps[0]) == "merge   0:        'a' + 'a'        -> 'aa'           seen   4 times; text now 9 tokens"
+    line = viz.describe_merge(next(bpe_training_steps("猫猫", 1)))
+    assert "'<e7>' + '<8c>'" in line and "'<e7 8c>'" in line
 
 
 def test_widget_updates_on_typing(toy):

@@ -44,9 +44,15 @@ class TokenSpan:
     @property
     def text(self) -> str:
         """Readable form: the decoded text, or the bytes in hex, e.g. '<e4 bd>', for a partial character."""
-        if self.complete:
-            return self.raw.decode("utf-8")
-        return "<" + " ".join(f"{b:02x}" for b in self.raw) + ">"
+        return readable_bytes(self.raw)
+
+
+def readable_bytes(raw: bytes) -> str:
+    """Bytes as text when they are valid UTF-8, else in hex: b'\\xe4\\xbd' -> '<e4 bd>'."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "<" + " ".join(f"{b:02x}" for b in raw) + ">"
 
 
 def token_spans(tokenizer, text: str, ids: Sequence[int] | None = None) -> list[TokenSpan]:
@@ -120,16 +126,19 @@ def token_costs(tokenizer, texts: Mapping[str, str]) -> list[TokenCost]:
     return [TokenCost(name, len(t), len(t.encode("utf-8")), len(tokenizer.encode(t))) for name, t in texts.items()]
 
 
-def plot_token_costs(costs: Sequence[TokenCost], title: str = "The same sentence in several languages") -> Figure:
-    """Two panels: tokens needed for each text, and tokens per character."""
+def plot_token_costs(costs: Sequence[TokenCost], title: str = "The same sentence in several languages",
+                     highlight: Sequence[str] = ()) -> Figure:
+    """Two panels: tokens needed for each text, and tokens per character; `highlight` names bars drawn darker."""
     import matplotlib.pyplot as plt
 
     names = [c.name for c in costs]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-    bars = left.barh(names, [c.tokens for c in costs], color="#4c72b0")
+    colours = ["#1f3b66" if n in highlight else "#4c72b0" for n in names]
+    bars = left.barh(names, [c.tokens for c in costs], color=colours)
     left.bar_label(bars, padding=2, fontsize=8)
     left.set(xlabel="tokens (count)", title="Tokens for the whole text")
-    bars = right.barh(names, [c.tokens_per_char for c in costs], color="#dd8452")
+    colours = ["#8c3d0f" if n in highlight else "#dd8452" for n in names]
+    bars = right.barh(names, [c.tokens_per_char for c in costs], color=colours)
     right.bar_label(bars, labels=[f"{c.tokens_per_char:.2f}" for c in costs], padding=2, fontsize=8)
     right.set(xlabel="tokens per character", title="Tokens per character")
     for ax in (left, right):
@@ -191,8 +200,18 @@ def plot_vocab_scripts(counts: Mapping[str, int], title: str = "What the vocabul
 
 # ----------------------------------------------------------------------------- BPE training
 
+def describe_merge(step: MergeStep) -> str:
+    """One line per learned merge: rank, the two tokens, the new token, its count and the text length after it."""
+    from ..bpe import symbols_to_bytes
+
+    a, b = (repr(readable_bytes(symbols_to_bytes(t))) for t in step.pair)
+    new = repr(readable_bytes(symbols_to_bytes(step.new_token)))
+    return f"merge {step.rank:3d}: {a:>10} + {b:<10} -> {new:<14} seen {step.count:3d} times; text now {step.num_tokens} tokens"
+
+
 def plot_training_curve(steps: Sequence[MergeStep], initial_tokens: int, ax: Axes | None = None) -> Figure:
-    """Length of the training text in tokens as merges are learned (each merge shortens it by its count)."""
+    """Length of the training text in tokens as merges are learned (each merge shortens it by its count,
+    or less when the pair overlaps itself: "aaa" holds the pair a+a twice but merges once)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
