@@ -54,8 +54,9 @@ def build(base: torch.nn.Module, label: str, method: str | None, group_size: int
 
 def measure(model, texts_ids: dict[str, list[int]], reference: dict | None, prompt: list[int], args) -> dict:
     row = {"linear_bytes": ev.linear_weight_bytes(model), "model_bytes": ev.model_weight_bytes(model)}
-    backends = sorted({m.backend for m in model.modules() if isinstance(m, QuantLinear)})
-    row["backend"] = ",".join(backends) if backends else str(model.dtype).removeprefix("torch.")
+    names = {"cpu": "packed, bf16 x", "torch": "dequantize", "triton": "triton"}  # how QuantLinear computes
+    backends = sorted({names[m.backend] for m in model.modules() if isinstance(m, QuantLinear)})
+    row["backend"] = " + ".join(backends) if backends else str(model.dtype).removeprefix("torch.")
     row["scores"] = {k: ev.score_text(model, ids, window=args.tokens) for k, ids in texts_ids.items()}
     for k, s in row["scores"].items():
         row[f"ppl_{k}"] = s.perplexity

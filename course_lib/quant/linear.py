@@ -74,6 +74,9 @@ def choose_backend(backend: str, device: torch.device, method: str, in_features:
 class QuantLinear(nn.Module):
     """y = x @ W^T + b with W stored as INT8 (per output channel) or INT4 (group-wise) codes.
 
+    The backend is fixed when the layer is built (the "cpu" INT4 layout only the CPU op reads):
+    move the float model to its device first, then quantize.
+
     Buffers (all in the state dict):
       int8:            qweight [out, in] int8, scales [out] (float32; bfloat16 for the "cpu" backend)
       int4, torch/triton: qweight [out, padded_in / 2] uint8 (`int4` layout),
