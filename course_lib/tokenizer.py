@@ -93,9 +93,9 @@ class Tokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes one token stands for (may be part of a UTF-8 character)."""
-        from .bpe import bytes_to_unicode
+        from .bpe import unicode_to_bytes
 
-        inverse = {c: b for b, c in bytes_to_unicode().items()}
+        inverse = unicode_to_bytes()
         tok = self.id_to_token(token_id)
         if token_id in self.special_ids:
             return tok.encode()
