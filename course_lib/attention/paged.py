@@ -23,6 +23,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..dtypes import resolve_dtype
@@ -168,22 +169,18 @@ def paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache
     Returns [num_seqs, heads, head_dim].
     """
     num_seqs, num_heads, head_dim = q.shape
-    block_size, kv_heads = k_cache_layer.shape[1], k_cache_layer.shape[2]
-    group = num_heads // kv_heads
+    block_size = k_cache_layer.shape[1]
     num_blocks = block_tables.shape[1]
     if max_context_len is not None:
         num_blocks = min(num_blocks, -(-max_context_len // block_size))
     table = block_tables[:, :num_blocks].clamp(min=0).long()  # [num_seqs, blocks]; padding -> block 0, masked below
-    k = k_cache_layer[table].flatten(1, 2).float()  # [num_seqs, blocks * block_size, kv_heads, head_dim]
-    v = v_cache_layer[table].flatten(1, 2).float()
-    qg = q.float().view(num_seqs, kv_heads, group, head_dim)  # [num_seqs, kv_heads, group, head_dim]
-    scores = torch.einsum("skgd,slkd->skgl", qg, k) / head_dim ** 0.5  # [num_seqs, kv_heads, group, ctx]
-    pos = torch.arange(k.shape[1], device=q.device)  # [ctx]
-    visible = pos[None, :] < context_lens[:, None]  # [num_seqs, ctx]
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    weights = scores.softmax(dim=-1)
-    out = torch.einsum("skgl,slkd->skgd", weights, v)  # [num_seqs, kv_heads, group, head_dim]
-    return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
+    k = k_cache_layer[table].flatten(1, 2).transpose(1, 2)  # [num_seqs, kv_heads, blocks * block_size, head_dim]
+    v = v_cache_layer[table].flatten(1, 2).transpose(1, 2)
+    pos = torch.arange(k.shape[2], device=q.device)  # [ctx]
+    visible = (pos[None, :] < context_lens[:, None])[:, None, None, :]  # [num_seqs, 1, 1, ctx]
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=visible,
+                                         enable_gqa=num_heads != k.shape[1])  # [num_seqs, heads, 1, head_dim]
+    return out[:, :, 0, :]
 
 
 def triton_available(device: torch.device | str) -> bool:
