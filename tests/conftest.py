@@ -101,3 +101,21 @@ def qwen2_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen2")
     hf = save_random_hf_model(path, "qwen2", tie_word_embeddings=True, rope_theta=1000000.0)
     return path, hf
+
+
+@pytest.fixture
+def run_triton_interpreted():
+    """Run a test module as a script with TRITON_INTERPRET=1 (Triton reads it once, at import) and
+    return its stdout; the script compares its kernels with the PyTorch twins and exits non-zero on a mismatch."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+
+    def run(path: str) -> str:
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        proc = subprocess.run([sys.executable, path], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    return run

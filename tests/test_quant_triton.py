@@ -7,8 +7,6 @@ triton (and these kernels) already.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -69,12 +67,8 @@ def check_wrapper_rejects_bad_inputs(device: str) -> None:
         int4_linear(torch.randn(2, 64, device=device), packed, s[:, :1].expand(32, 3), m, 64)
 
 
-def test_triton_kernels_match_torch_interpreted():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "triton max rel err" in proc.stdout
+def test_triton_kernels_match_torch_interpreted(run_triton_interpreted):
+    assert "triton max rel err" in run_triton_interpreted(__file__)
 
 
 def test_triton_wrapper_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
