@@ -90,8 +90,8 @@ def print_table(rows: dict[str, dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads; 1 keeps decode timings stable on a shared machine (0: torch's choice)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (0: torch's choice; 1 keeps decode timings steadier on a busy machine)")
     p.add_argument("--tokens", type=int, default=256, help="tokens of each text to score (one window)")
     p.add_argument("--decode-tokens", type=int, default=24, help="greedy tokens; tok/s = 1 / median step")
     args = p.parse_args(argv)

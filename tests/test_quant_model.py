@@ -79,3 +79,16 @@ def test_int8_model_generates_float32s_answer(model, quantized, float_answer, re
     record_property("free_running_agreement", same)
     print(f"\nint8 free-running: {same:.3f} of positions equal float32's, the first {prefix} tokens identical")
     assert prefix >= 8
+
+
+def test_llm_quantization_option_swaps_layers_and_generates():
+    from course_lib import LLM, SamplingParams
+
+    llm = LLM(device="cpu", quantization="int4", kv_cache_memory=16 * 2**20)
+    layers = [m for m in llm.model.modules() if isinstance(m, QuantLinear)]
+    assert len(layers) == 7 * llm.config.num_layers and all(m.group_size == 32 for m in layers)
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(max_tokens=12, temperature=0))[0].outputs[0]
+    assert "Paris" in out.text
+    with pytest.raises(ValueError, match="method must be one of"):
+        LLM(device="cpu", quantization="int3")
