@@ -22,6 +22,7 @@ import torch
 
 import course_lib
 from course_lib import evaluation as ev
+from course_lib.profiling.memory import weight_bytes
 from course_lib.quant import QuantLinear, quantize_model
 
 CONFIGS = [  # (label, method, group_size); method None = a float dtype
@@ -53,7 +54,7 @@ def build(base: torch.nn.Module, label: str, method: str | None, group_size: int
 
 
 def measure(model, texts_ids: dict[str, list[int]], reference: dict | None, prompt: list[int], args) -> dict:
-    row = {"linear_bytes": ev.linear_weight_bytes(model), "model_bytes": ev.model_weight_bytes(model)}
+    row = {"linear_bytes": ev.linear_weight_bytes(model), "model_bytes": weight_bytes(model)}
     names = {"cpu": "packed, bf16 x", "torch": "dequantize", "triton": "triton"}  # how QuantLinear computes
     backends = sorted({names[m.backend] for m in model.modules() if isinstance(m, QuantLinear)})
     row["backend"] = " + ".join(backends) if backends else str(model.dtype).removeprefix("torch.")

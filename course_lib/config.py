@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from .dtypes import resolve_dtype
+
 # Architectures the engine implements. All are the same decoder block; they differ
 # in q/k/v bias (Qwen2) and in defaults, not in structure.
 SUPPORTED_ARCHITECTURES = {
@@ -76,8 +78,6 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, dtype: torch.dtype | str = torch.float32) -> int:
         """2 (K and V) x layers x KV heads x head_dim x bytes per value."""
-        from .dtypes import resolve_dtype
-
         itemsize = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
 

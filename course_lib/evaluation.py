@@ -126,11 +126,6 @@ def linear_weight_bytes(model: nn.Module, include_lm_head: bool = False) -> int:
     return total
 
 
-def model_weight_bytes(model: nn.Module) -> int:
-    """Bytes of every parameter and persistent buffer of the model, shared tensors counted once."""
-    return _tensor_bytes(list(model.state_dict(keep_vars=True).values()), set())
-
-
 @torch.inference_mode()
 def greedy_generate(model: nn.Module, prompt_ids: list[int], max_new_tokens: int,
                     stop_ids: set[int] | None = None) -> list[int]:

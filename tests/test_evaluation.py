@@ -61,7 +61,6 @@ def test_agreement_and_memory_of_a_quantized_copy(tiny):
     assert ev.linear_weight_bytes(tiny, include_lm_head=True) == float_bytes + 4 * 128 * 64
     ratio = ev.linear_weight_bytes(q) / float_bytes
     assert 0.25 < ratio < 0.3  # one byte a weight plus a float32 scale a row
-    assert ev.model_weight_bytes(tiny) == 4 * sum(p.numel() for p in tiny.parameters())  # tied head once
 
 
 def test_decode_speed_and_greedy(tiny):

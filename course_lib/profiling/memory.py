@@ -62,8 +62,7 @@ def weight_bytes(module: nn.Module) -> int:
 
 def kv_bytes_per_token(config: ConfigLike, dtype: torch.dtype | str = torch.bfloat16) -> int:
     """2 (K and V) x layers x KV heads x head_dim x bytes per value: the cache cost of one token."""
-    c = as_model_config(config)
-    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * bytes_per_value(dtype)
+    return as_model_config(config).kv_bytes_per_token(dtype)
 
 
 def kv_cache_bytes(config: ConfigLike, num_tokens: int, batch: int = 1,
