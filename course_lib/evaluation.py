@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .kv_cache import KVCache
+from .generate import generate_tokens
 
 ZH_SAMPLE = Path(__file__).parent / "data" / "zh_sample.txt"
 
@@ -136,20 +136,14 @@ def greedy_generate(model: nn.Module, prompt_ids: list[int], max_new_tokens: int
 def _greedy(model: nn.Module, prompt_ids: list[int], max_new_tokens: int,
             stop_ids: set[int] | None = None) -> tuple[list[int], list[float]]:
     """(new tokens, seconds of each decode step) for a greedy continuation of `prompt_ids`."""
-    device = next(model.parameters()).device
-    cache = KVCache(model.config, max_seq_len=len(prompt_ids) + max_new_tokens, device=device, dtype=model.dtype)
-    ids = torch.tensor([prompt_ids], device=device)  # [1, prompt_len]: the first step is the prefill
-    out, step_seconds = [], []
-    for step in range(max_new_tokens):
-        start = time.perf_counter()
-        token = model(ids, kv=cache, last_only=True)[0, -1].argmax().item()  # .item() syncs: honest timing
-        if step > 0:
-            step_seconds.append(time.perf_counter() - start)
+    out, stamps = [], [time.perf_counter()]
+    argmax = lambda logits: logits[0].argmax().item()  # noqa: E731  (.item() syncs: honest timing)
+    for token in generate_tokens(model, prompt_ids, argmax, max_new_tokens):
+        stamps.append(time.perf_counter())
         out.append(token)
         if stop_ids and token in stop_ids:
             break
-        ids = torch.tensor([[token]], device=device)  # [1, 1]
-    return out, step_seconds
+    return out, [b - a for a, b in zip(stamps[1:], stamps[2:])]  # the first interval is the prefill
 
 
 @torch.inference_mode()

@@ -8,7 +8,7 @@ notebooks step through and the "one at a time" baseline the benchmarks compare a
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -19,24 +19,35 @@ from .sampling import Sampler
 
 
 @torch.inference_mode()
+def generate_tokens(model: Transformer, prompt_ids: list[int], next_token: Callable[[torch.Tensor], int],
+                    max_new_tokens: int) -> Iterator[int]:
+    """Prefill `prompt_ids`, then decode one token per step; yields each new token id.
+
+    `next_token(logits [1, vocab]) -> id` picks the token (greedy, a sampler, ...). The caller
+    decides when to stop by leaving the loop; at most `max_new_tokens` are produced.
+    """
+    cache = KVCache(model.config, max_seq_len=len(prompt_ids) + max_new_tokens, device=model.device, dtype=model.dtype)
+    ids = torch.tensor([prompt_ids], device=model.device)  # [1, prompt_len]: the first step is the prefill
+    for _ in range(max_new_tokens):
+        token = next_token(model(ids, kv=cache, last_only=True)[:, -1])  # logits [1, vocab]
+        yield token
+        ids = torch.tensor([[token]], device=model.device)  # [1, 1]: decode feeds only the new token
+
+
 def generate_stream(model: Transformer, seq: Sequence, sampler: Sampler | None = None) -> Iterator[str]:
     """Run `seq` to completion with a contiguous cache, yielding text deltas as tokens are produced."""
     sampler = sampler or Sampler()
-    max_len = min(len(seq) + seq.params.max_tokens, seq.max_model_len)
-    cache = KVCache(model.config, max_seq_len=max_len, device=model.device, dtype=model.dtype)
+    pick = lambda logits: sampler(logits, [seq.params], [seq.token_ids], [seq.request_id])[0]  # noqa: E731
+    max_new = min(len(seq) + seq.params.max_tokens, seq.max_model_len) - len(seq)
     seq.metrics.record_scheduled()
-    ids = torch.tensor([seq.token_ids], device=model.device)  # [1, prompt_len]
     try:
-        while True:
-            logits = model(ids, kv=cache, last_only=True)[:, -1]  # [1, vocab]
-            token = sampler(logits, [seq.params], [seq.token_ids], [seq.request_id])[0]
-            seq.append_token(token)
+        for token in generate_tokens(model, seq.token_ids, pick, max_new):
+            seq.append_token(token)  # checks EOS, stop strings, max_tokens and the context window
             delta = seq.take_delta()
             if delta:
                 yield delta
             if seq.is_finished:
                 return
-            ids = torch.tensor([[token]], device=model.device)  # [1, 1]: decode feeds only the new token
     finally:
         seq.abort()  # a consumer that stops early (or an error) leaves no half-open request
         sampler.release(seq.request_id)

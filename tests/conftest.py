@@ -1,7 +1,6 @@
 """Shared fixtures: the default model, its transformers twin (the reference), tiny random models."""
 from __future__ import annotations
 
-import json
 import os
 
 import pytest

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_lib import LLM, SamplingParams
+from course_lib import SamplingParams
 from course_lib.sampling import min_p_filter, top_k_filter, top_p_filter, apply_repetition_penalty, sample_from_probs
 
 CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]

@@ -61,6 +61,6 @@ def test_token_bytes_concatenate_to_utf8(tokenizer):
     assert b"".join(tokenizer.token_bytes(i) for i in tokenizer.encode(text)) == text.encode()
 
 
-def test_tokenizer_from_hf_directory(qwen2_dir, tmp_path):
+def test_hf_directory_without_tokenizer_json_says_so(qwen2_dir):
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         load_tokenizer(qwen2_dir[0])  # the random model was saved without a tokenizer

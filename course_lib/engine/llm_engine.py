@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-import torch
 
 from ..attention.paged import PagedKVCache
 from ..model import Transformer

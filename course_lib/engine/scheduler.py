@@ -121,7 +121,6 @@ class Scheduler:
         """Take a finished (or aborted) sequence out of the queues; its blocks return at once."""
         if seq in self.running:
             self.running.remove(seq)
-            self.block_manager.free(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-            self.block_manager.free(seq)  # a preempted sequence holds no blocks; free() is then a no-op
+        self.block_manager.free(seq)  # a waiting (never run or preempted) sequence holds none: a no-op

@@ -9,7 +9,7 @@ so the simple loop (`course_lib.generate`) and the batched engine stop in exactl
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from ..profiling.metrics import RequestMetrics
