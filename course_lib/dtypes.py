@@ -28,4 +28,11 @@ def default_device() -> str:
 
 
 def resolve_device(device: torch.device | str | None) -> torch.device:
-    return torch.device(default_device() if device is None else device)
+    """`None` -> the default device; a name such as "cuda:0" -> a torch.device that exists here."""
+    try:
+        resolved = torch.device(default_device() if device is None else device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a torch.device, got {device!r}") from e
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} needs a CUDA GPU, and none is visible here; use device='cpu'")
+    return resolved

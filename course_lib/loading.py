@@ -75,6 +75,17 @@ def resolve_model(model: str | Path | None = None) -> ModelFiles:
     )
 
 
+def read_json_object(path: Path) -> dict:
+    """A JSON config file as a dict; a ValueError naming the file if it is not valid JSON or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object {{...}}, got {type(data).__name__}")
+    return data
+
+
 def _download_from_hub(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
@@ -108,7 +119,7 @@ def read_hf_model(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    config = ModelConfig.from_hf(json.loads((path / "config.json").read_text()), name=path.name)
+    config = ModelConfig.from_hf(read_json_object(path / "config.json"), name=path.name)
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         raise FileNotFoundError(f"no *.safetensors files in {path} (PyTorch .bin checkpoints are not supported)")

@@ -144,8 +144,8 @@ def project_to_vocab(lm_head: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """
     if x.device.type != "cpu" or type(lm_head) is not nn.Linear or lm_head.bias is not None:
         return lm_head(x)
-    flat = x.reshape(-1, x.shape[-1])  # [tokens, hidden]
-    return (lm_head.weight @ flat.T).T.contiguous().view(*x.shape[:-1], -1)  # [..., vocab]
+    flat = x.reshape(-1, x.shape[-1])  # [tokens, hidden]; tokens may be 0 (a step of prompt chunks only)
+    return (lm_head.weight @ flat.T).T.contiguous().view(*x.shape[:-1], lm_head.weight.shape[0])  # [..., vocab]
 
 
 class Transformer(nn.Module):

@@ -1,56 +1,80 @@
 """From logits to the next token: `SamplingParams` (vLLM's names) and the `Sampler`.
 
 Order of operations, as in Hugging Face's `generate`:
-    repetition penalty -> temperature -> top-k -> top-p -> min-p -> sample (or argmax if temperature == 0)
+    repetition penalty -> temperature -> top-k -> top-p -> min-p -> sample (or argmax if temperature < SAMPLING_EPS)
 Each step is a small pure function on logits so the notebooks can show them one at a time.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
+from .checks import Integral, Real, invalid, number
+
+SAMPLING_EPS = 1e-5  # temperatures below this are greedy, as in vLLM: logits / 1e-40 overflow to inf, softmax to NaN
+
 
 @dataclass
 class SamplingParams:
-    """How to pick tokens and when to stop. Bad values raise a ValueError naming the field and its range."""
+    """How to pick tokens and when to stop.
+
+    A value of the wrong type raises a TypeError, one out of range a ValueError; both name the field
+    and what it allows. numpy numbers are accepted and stored as int/float, `stop` as a list of strings.
+    """
 
     max_tokens: int = 16
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0  # 0 (anything below SAMPLING_EPS) = greedy
     top_k: int = 0  # 0 or -1 = off
     top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches top_p
     min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or output
     seed: int | None = None  # per-request seed: the same seed gives the same tokens
     stop: list[str] | str | None = None  # stop strings (not included in the output text)
-    stop_token_ids: list[int] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)  # the engine checks that they are < vocab size
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     n: int = 1
 
     def __post_init__(self) -> None:
-        if self.stop is None:
-            self.stop = []
-        elif isinstance(self.stop, str):
-            self.stop = [self.stop]
-        checks = [
-            ("max_tokens", self.max_tokens, isinstance(self.max_tokens, int) and self.max_tokens >= 1, "an integer >= 1"),
-            ("temperature", self.temperature, self.temperature >= 0, ">= 0 (0 means greedy)"),
-            ("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]"),
-            ("top_k", self.top_k, self.top_k == -1 or self.top_k >= 0, "-1 or 0 (off), or >= 1"),
-            ("min_p", self.min_p, 0 <= self.min_p <= 1, "in [0, 1]"),
-            ("repetition_penalty", self.repetition_penalty, self.repetition_penalty > 0, "> 0 (1 = off)"),
-            ("n", self.n, self.n == 1, "1 (one completion per prompt)"),
+        checks = [  # field, type, test, what is allowed
+            ("max_tokens", Integral, lambda v: v >= 1, "an integer >= 1"),
+            ("temperature", Real, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 means greedy)"),
+            ("top_p", Real, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+            ("top_k", Integral, lambda v: v >= -1, "an integer: -1 or 0 (off), or >= 1"),
+            ("min_p", Real, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+            ("repetition_penalty", Real, lambda v: math.isfinite(v) and v > 0, "a finite number > 0 (1 = off)"),
+            ("n", Integral, lambda v: v == 1, "1 (one completion per prompt)"),
         ]
-        for name, value, ok, allowed in checks:
-            if not ok:
-                raise ValueError(f"SamplingParams.{name} must be {allowed}, got {value!r}")
-        if any(not s for s in self.stop):
-            raise ValueError("SamplingParams.stop must not contain empty strings")
+        for name, kind, ok, allowed in checks:
+            setattr(self, name, number(f"SamplingParams.{name}", getattr(self, name), kind, ok, allowed))
+        if self.seed is not None:  # the range torch.Generator.manual_seed accepts
+            self.seed = number("SamplingParams.seed", self.seed, Integral, lambda v: -2**63 <= v < 2**64,
+                                "None or an integer in [-2**63, 2**64)")
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise invalid(TypeError, f"SamplingParams.{name}", "True or False", getattr(self, name))
+
+        allowed = "None, a string, or a list of non-empty strings"
+        stop = [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise invalid(TypeError, "SamplingParams.stop", allowed, self.stop)
+        if not all(stop):
+            raise invalid(ValueError, "SamplingParams.stop", allowed, self.stop)
+        self.stop = list(stop)
+
+        ids, allowed = self.stop_token_ids, "a list of integer token ids >= 0"
+        if not isinstance(ids, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, Integral) for i in ids):
+            raise invalid(TypeError, "SamplingParams.stop_token_ids", allowed, ids)
+        if any(i < 0 for i in ids):
+            raise invalid(ValueError, "SamplingParams.stop_token_ids", allowed, ids)
+        self.stop_token_ids = [int(i) for i in ids]
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Argmax instead of sampling: temperature 0, or below SAMPLING_EPS, where dividing by it overflows."""
+        return self.temperature < SAMPLING_EPS
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:

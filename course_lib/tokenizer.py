@@ -6,7 +6,6 @@ read its `tokenizer.json`. `course_lib.bpe` re-implements the same byte-level BP
 """
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from .loading import resolve_model
+from .loading import read_json_object, resolve_model
 
 # How each vocabulary splits text into words before BPE (llama.cpp's `tokenizer.ggml.pre`).
 _LLAMA3_SPLIT = (
@@ -53,6 +52,30 @@ def tokenizer_from_gguf_data(data: dict[str, Any]) -> HFTokenizer:
                for t, kind in zip(data["tokens"], data["token_type"]) if kind == 3]  # 3 = CONTROL
     tok.add_special_tokens(control)
     return tok
+
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_chat_messages(messages: list[dict[str, str]]) -> None:
+    """Raise a TypeError/ValueError naming the message unless `messages` is a list (or tuple) of {role, content: str}.
+
+    Checked before rendering: a template fails deep in Jinja on a non-str content ("can only concatenate
+    str") and renders an unknown role as if it were one.
+    """
+    if not isinstance(messages, (list, tuple)):
+        raise TypeError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, "
+                        f"got {type(messages).__name__}: {messages!r}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise TypeError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}: {m!r}")
+        if "role" not in m or "content" not in m:
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
+        if m["role"] not in CHAT_ROLES:
+            raise ValueError(f"messages[{i}]['role'] must be one of {', '.join(CHAT_ROLES)}, got {m['role']!r}")
+        if not isinstance(m["content"], str):
+            raise TypeError(f"messages[{i}]['content'] must be a str, got {type(m['content']).__name__}: "
+                            f"{m['content']!r}")
 
 
 class Tokenizer:
@@ -103,6 +126,7 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Render a conversation with the model's own Jinja chat template."""
+        check_chat_messages(messages)
         if not self.chat_template:
             raise ValueError(f"model {self.name!r} has no chat template; use generate() with plain text")
         from jinja2.exceptions import TemplateError
@@ -113,9 +137,6 @@ class Tokenizer:
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
-        for m in messages:
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise ValueError(f"each chat message must be a dict with 'role' and 'content', got {m!r}")
         special = {"bos_token": self._token_text(self.bos_token_id), "eos_token": self._token_text(self.eos_token_id)}
         return env.from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt, **special)
@@ -140,9 +161,13 @@ def load_tokenizer(model: str | Path | None = None) -> Tokenizer:
     path = files.path
     if not (path / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no tokenizer.json in {path}")
-    backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
-    cfg = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").is_file() else {}
-    model_cfg = json.loads((path / "config.json").read_text())
+    try:
+        backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception as e:  # the Rust library raises a bare Exception
+        raise ValueError(f"{path / 'tokenizer.json'} is not valid JSON or not a tokenizer file: {e}") from e
+    cfg_file = path / "tokenizer_config.json"
+    cfg = read_json_object(cfg_file) if cfg_file.is_file() else {}
+    model_cfg = read_json_object(path / "config.json")
     template = cfg.get("chat_template")
     if template is None and (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text()

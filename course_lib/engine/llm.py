@@ -7,11 +7,13 @@
 """
 from __future__ import annotations
 
+from contextlib import closing
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
+from ..checks import Integral, number
 from ..dtypes import resolve_device, resolve_dtype
 from ..loading import load_model
 from ..sampling import SamplingParams
@@ -36,6 +38,10 @@ class LLM:
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: torch.dtype | str | None = None, quantization: str | None = None,
                  group_size: int = 32, **engine_args):
+        engine_config = EngineConfig.from_options(engine_args)  # a misspelled option fails before the model loads
+        if quantization not in (None, "int8", "int4"):
+            raise ValueError(f"quantization must be None, 'int8' or 'int4', got {quantization!r}")
+        group_size = number("group_size", group_size, Integral, lambda v: v >= 1, "an integer >= 1")
         self.device = resolve_device(device)
         default = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model = load_model(model, device=self.device, dtype=resolve_dtype(dtype, default))
@@ -45,7 +51,7 @@ class LLM:
 
             quantize_model(self.model, quantization, group_size=group_size)
         self.config = self.model.config
-        self.engine = LLMEngine(self.model, self.tokenizer, EngineConfig(**engine_args))
+        self.engine = LLMEngine(self.model, self.tokenizer, engine_config)
 
     @property
     def max_model_len(self) -> int:
@@ -56,58 +62,64 @@ class LLM:
 
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Serve all prompts together (continuous batching); outputs come back in the order of `prompts`."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        params = sampling_params or SamplingParams()
-        params = params if isinstance(params, list) else [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
-        ids: list[str] = []
-        try:
-            for p, sp in zip(prompts, params):
-                ids.append(self.engine.add_request(p, sp))
-            final = self._run(set(ids), use_tqdm)
-        except BaseException:
-            for rid in ids:  # a bad prompt, an error or Ctrl-C: nothing stays queued or allocated
-                self.engine.abort_request(rid)
-            raise
-        return [final[rid] for rid in ids]
+        """Serve all prompts together (continuous batching); outputs come back in the order of `prompts`.
 
-    def _run(self, pending: set[str], use_tqdm: bool) -> dict[str, RequestOutput]:
-        final: dict[str, RequestOutput] = {}
+        Safe to call from several threads, and while streams are open: each call gets its own outputs.
+        """
+        prompts = as_prompt_list(prompts)
+        params = sampling_params or SamplingParams()
+        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        ids = self.engine.add_requests(prompts, params)  # every prompt checked first: one bad one refuses all
         bar = None
         if use_tqdm:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(pending), desc="generate", unit="req")
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if out.finished and out.request_id in pending:
+            bar = tqdm(total=len(ids), desc="generate", unit="req")
+        final: dict[str, RequestOutput] = {}
+        with closing(self.engine.outputs(ids)) as outputs:  # Ctrl-C or an error aborts what is left
+            for out in outputs:
+                if out.finished:
                     final[out.request_id] = out
                     if bar is not None:
                         bar.update(1)
         if bar is not None:
             bar.close()
-        return final
+        return [final[rid] for rid in ids]
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool = False) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation (or a list of them), then generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError(f"messages must be a non-empty list of {{'role', 'content'}} dicts (or a list of "
+                             f"such lists), got {messages!r}")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
-        """Yield text deltas of one completion as its tokens are produced."""
-        rid = self.engine.add_request(prompt, sampling_params or SamplingParams())
-        try:
-            while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
-                    if out.request_id == rid:
-                        if out.delta:
-                            yield out.delta
-                        if out.finished:
-                            return
-        finally:
-            self.engine.abort_request(rid)  # no-op once finished; frees blocks if the caller stopped early
+        """Yield text deltas of one completion as its tokens are produced.
+
+        Bad input raises here, at the call. Streams may be read in turn, or beside `generate` calls
+        and other threads: each gets exactly its own text.
+        """
+        params = sampling_params or SamplingParams()
+        self.engine.check_request(prompt, params)
+        return self._stream(prompt, params)
+
+    def _stream(self, prompt: Prompt, params: SamplingParams) -> Iterator[str]:
+        [rid] = self.engine.add_requests([prompt], [params])
+        with closing(self.engine.outputs([rid])) as outputs:  # stopping early aborts the request, frees its blocks
+            for out in outputs:
+                if out.delta:
+                    yield out.delta
+
+
+def as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
+    """One prompt (text, or a list of token ids) or a list of them -> a list of prompts."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a str, a list of token ids, or a list of those; got {type(prompts).__name__}")
+    if prompts and isinstance(prompts[0], Integral) and not isinstance(prompts[0], bool):
+        return [list(prompts)]  # one prompt of token ids
+    return list(prompts)

@@ -4,21 +4,29 @@
              tokens = model_runner.run(batch)  # one packed forward + sampling
              return self._postprocess(...)     # append tokens, detokenize, stop, free finished
 
-`LLM` (engine/llm.py) drives it for offline use; a server would call `add_request` as requests
-arrive and `step()` in a loop.
+Two ways to drive it:
+  - one driver:   `add_request(...)`, then `step()` in a loop; each step returns the new outputs.
+  - many callers: `add_requests(...)`, then `outputs(ids)`, which steps the engine until those
+    requests finish. Any number of callers, in any threads, may do this at once: one lock
+    serialises the steps, and the `OutputRouter` hands each caller exactly its own requests'
+    outputs. `LLM.generate`, `LLM.stream` and a server use this way.
 """
 from __future__ import annotations
 
+import difflib
 import itertools
-from dataclasses import dataclass, field
-
+import threading
+from dataclasses import dataclass, field, fields
+from typing import Iterator
 
 from ..attention.paged import PagedKVCache
+from ..checks import Integral, Real, invalid, number
 from ..model import Transformer
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager
 from .model_runner import ModelRunner
+from .output_router import OutputRouter
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import RequestOutput, Sequence
 
@@ -36,6 +44,34 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        at_least_1 = lambda v: v >= 1  # noqa: E731
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            setattr(self, name, number(f"EngineConfig.{name}", getattr(self, name), Integral, at_least_1,
+                                       "an integer >= 1"))
+        if self.max_model_len is not None:
+            self.max_model_len = number("EngineConfig.max_model_len", self.max_model_len, Integral, at_least_1,
+                                        "None or an integer >= 1")
+        budget = self.kv_cache_memory
+        if budget is not None:
+            kind = Integral if isinstance(budget, Integral) else Real
+            self.kv_cache_memory = number("EngineConfig.kv_cache_memory", budget, kind,
+                                          at_least_1 if kind is Integral else lambda v: 0 < v <= 1,
+                                          "None, bytes (an integer >= 1) or a fraction of free GPU memory in (0, 1]")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise invalid(TypeError, "EngineConfig.enable_prefix_caching", "True or False", self.enable_prefix_caching)
+
+    @classmethod
+    def from_options(cls, options: dict) -> "EngineConfig":
+        """`EngineConfig(**options)`, but a misspelled option name is named, with the closest real one."""
+        names = [f.name for f in fields(cls)]
+        for key in options:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise TypeError(f"unknown engine option {key!r}{hint} (the options are: {', '.join(names)})")
+        return cls(**options)
 
 
 @dataclass
@@ -74,21 +110,34 @@ class LLMEngine:
                              f"got {config.max_model_len}")
         self.max_model_len = config.max_model_len or limit
         self.requests: dict[str, Sequence] = {}
+        self.router = OutputRouter()
         self.stats = EngineStats()
         self._ids = itertools.count()
+        self._lock = threading.RLock()  # one step, add or abort at a time, whichever thread asks
 
     @property
     def kv_cache(self) -> PagedKVCache:
         return self.model_runner.kv_cache
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
-        """Queue a prompt (text or token ids); returns its request id. Bad input raises before anything is queued."""
-        params = params or SamplingParams()
+    # ---- requests in --------------------------------------------------------------------------
+    def check_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Check a prompt (text or token ids) and its params against this model; return its token ids.
+
+        Raises TypeError/ValueError naming what is wrong, so bad input never reaches torch (an id
+        outside the vocabulary is an IndexError on the CPU and a device-side assert on a GPU).
+        """
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        vocab = self.model.config.vocab_size
         if isinstance(prompt, str):
-            ids, text = self.tokenizer.encode(prompt), prompt
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            ids, text = list(prompt), None
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            allowed = f"a prompt of token ids must hold integers in [0, {vocab}) (the vocabulary)"
+            if not all(isinstance(t, Integral) and not isinstance(t, bool) for t in prompt):
+                raise TypeError(f"{allowed}, got {[t for t in prompt if not isinstance(t, Integral)][:1]!r}")
+            ids = [int(t) for t in prompt]
+            if not all(0 <= t < vocab for t in ids):
+                raise ValueError(f"{allowed}, got {[t for t in ids if not 0 <= t < vocab][0]}")
         else:
             raise TypeError(f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}")
         if not ids:
@@ -96,39 +145,125 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt is {len(ids)} tokens, but the context window (max_model_len) is "
                              f"{self.max_model_len}: the prompt must be shorter than {self.max_model_len} tokens")
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"SamplingParams.stop_token_ids must be ids in [0, {vocab}) (the vocabulary), "
+                             f"got {params.stop_token_ids!r}")
+        return ids
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Queue a prompt (text or token ids) for the driver of `step()`; returns its request id.
+
+        Bad input raises before anything is queued.
+        """
+        seq = self._new_sequence(prompt, params, request_id, arrival_time)
+        self._enqueue([seq], claimed=False)
+        return seq.request_id
+
+    def add_requests(self, prompts: list[str | list[int]], params: list[SamplingParams]) -> list[str]:
+        """Queue prompts whose outputs are read with `outputs(ids)`; returns their request ids.
+
+        All are checked before any is queued: one bad prompt refuses the whole batch, and the
+        engine is left as it was.
+        """
+        if len(prompts) != len(params):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        seqs = [self._new_sequence(p, sp) for p, sp in zip(prompts, params)]
+        self._enqueue(seqs, claimed=True)
+        return [seq.request_id for seq in seqs]
+
+    def _new_sequence(self, prompt, params, request_id=None, arrival_time=None) -> Sequence:
+        params = SamplingParams() if params is None else params
+        ids = self.check_request(prompt, params)
+        if request_id is not None and not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        if arrival_time is not None and (not isinstance(arrival_time, Real) or isinstance(arrival_time, bool)):
+            raise TypeError(f"arrival_time must be a number (seconds, time.perf_counter()), got {arrival_time!r}")
         request_id = str(next(self._ids)) if request_id is None else request_id
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        seq = Sequence(request_id, ids, params, self.tokenizer, text, arrival_time, self.max_model_len)
-        self.requests[request_id] = seq
-        self.scheduler.add(seq)
-        return request_id
+        text = prompt if isinstance(prompt, str) else None
+        return Sequence(request_id, ids, params, self.tokenizer, text, arrival_time, self.max_model_len)
+
+    def _enqueue(self, seqs: list[Sequence], claimed: bool) -> None:
+        with self._lock:
+            ids = [seq.request_id for seq in seqs]
+            taken = [rid for rid in ids if rid in self.requests or self.router.is_open(rid)]
+            if taken or len(set(ids)) < len(ids):
+                raise ValueError(f"request id {(taken or ids)[0]!r} is already in use")
+            for seq in seqs:
+                self.requests[seq.request_id] = seq
+                self.router.open(seq.request_id, claimed)
+                self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
-        """Stop a request now; its KV blocks return to the pool at once."""
-        seq = self.requests.pop(request_id, None)
-        if seq is not None:
-            self.scheduler.finish(seq)
+        """Stop a request now; its KV blocks return to the pool at once. A waiting reader gets an "abort" output."""
+        with self._lock:
+            seq = self.requests.pop(request_id, None)
+            if seq is None:
+                return
             seq.abort()
+            out = seq.output(seq.take_delta())  # before its blocks are freed (that resets num_cached_tokens)
+            self.scheduler.finish(seq)
             self.model_runner.sampler.release(request_id)
+            if self.router.is_claimed(request_id):
+                self.router.put(out)
+            else:
+                self.router.close(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Whether any request still runs or waits, or has an output that `step()` has not returned yet."""
+        with self._lock:
+            return self.scheduler.has_unfinished() or self.router.has_unclaimed()
 
+    # ---- outputs out --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; return an output for every request that produced a token."""
+        """Run one scheduling step; return the new output of every request added with `add_request`."""
+        with self._lock:
+            self._step()
+            return self.router.take_unclaimed()
+
+    def outputs(self, request_ids: list[str]) -> Iterator[RequestOutput]:
+        """Yield new outputs of `request_ids` (from `add_requests`) until all finish, stepping when none is ready.
+
+        Safe for many callers in many threads: whoever needs an output and finds none runs the next
+        step, which advances every running request and leaves each output in its own mailbox.
+        A caller that stops early, or an error, aborts its unfinished requests.
+        """
+        pending = dict.fromkeys(request_ids)
+        try:
+            with self._lock:
+                unknown = [rid for rid in pending if not self.router.is_claimed(rid)]
+                if unknown:
+                    raise ValueError(f"request {unknown[0]!r} was not added with add_requests() or is finished")
+            while pending:
+                with self._lock:
+                    ready = [out for rid in pending if (out := self.router.take(rid)) is not None]
+                    if not ready:
+                        self._step()
+                        continue
+                for out in ready:
+                    if out.finished:
+                        del pending[out.request_id]
+                    yield out
+        finally:
+            for rid in pending:
+                self.abort_request(rid)
+                self.router.close(rid)
+
+    def _step(self) -> None:
+        """Schedule, run the model, post-process; outputs go to their requests' mailboxes. Hold the lock."""
         batch = self.scheduler.schedule()
         if not batch.seqs:
             if self.scheduler.waiting and not self.scheduler.running:
                 raise RuntimeError("the next request does not fit in the free KV cache; raise kv_cache_memory")
-            return []
+            return
         try:
             tokens = self.model_runner.run(batch)
         except BaseException:
             for seq in batch.seqs:  # nothing left allocated after an error
                 self.abort_request(seq.request_id)
             raise
-        return self._postprocess(batch, tokens)
+        for out in self._postprocess(batch, tokens):
+            self.router.put(out)
 
     def _postprocess(self, batch: ScheduledBatch, tokens: list[int | None]) -> list[RequestOutput]:
         outputs = []
@@ -142,11 +277,11 @@ class LLMEngine:
                 self.stats.partial_prefills += 1  # a prompt chunk: nothing to sample yet
                 continue
             seq.append_token(token)
+            outputs.append(seq.output(seq.take_delta()))  # before a finish frees the blocks (and num_cached_tokens)
             if seq.is_finished:
                 self.scheduler.finish(seq)
                 self.requests.pop(seq.request_id, None)
                 self.model_runner.sampler.release(seq.request_id)
-            outputs.append(seq.output(seq.take_delta()))
         s = self.stats
         s.steps += 1
         s.batch_sizes.append(len(batch))

@@ -1,0 +1,72 @@
+"""`OutputRouter`: every request's outputs go to that request's own mailbox, never to someone else.
+
+One engine serves many callers at once: two `generate` calls in two threads, a chat widget
+streaming while a cell runs `generate`, a server's requests. Whoever steps the engine produces
+outputs for *all* running requests, so each output is put in the mailbox of the request it belongs
+to, and each caller takes only its own (vLLM's `RequestOutputCollector` is the model):
+
+    step 7 (driven by caller A):  outputs for a1, a2, b1   ->  mailboxes a1, a2 (A's)  b1 (B's)
+    caller B, later:              take(b1)                  ->  b1's output of step 7 (nothing lost)
+
+A mailbox holds at most one output: an output that arrives before the last was taken replaces it,
+with the two text deltas joined (outputs carry the whole text and token ids so far; only the
+delta is "since last time"). So a reader that falls behind loses no text and memory stays bounded.
+
+A mailbox is *claimed* when a reader waits on it (`LLMEngine.outputs`); unclaimed mailboxes belong
+to whoever drives the engine with `LLMEngine.step()`, which drains them.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .sequence import RequestOutput
+
+
+class OutputRouter:
+    """Per-request mailboxes of `RequestOutput`s, each holding the newest output not yet taken."""
+
+    def __init__(self) -> None:
+        self._boxes: dict[str, RequestOutput | None] = {}  # request id -> pending output (None: nothing new)
+        self._claimed: set[str] = set()
+
+    def open(self, request_id: str, claimed: bool) -> None:
+        self._boxes[request_id] = None
+        if claimed:
+            self._claimed.add(request_id)
+
+    def close(self, request_id: str) -> None:
+        self._boxes.pop(request_id, None)
+        self._claimed.discard(request_id)
+
+    def is_open(self, request_id: str) -> bool:
+        return request_id in self._boxes
+
+    def is_claimed(self, request_id: str) -> bool:
+        return request_id in self._claimed
+
+    def put(self, out: RequestOutput) -> None:
+        """Leave `out` in its request's mailbox, joined to an output still waiting there."""
+        if out.request_id not in self._boxes:
+            return  # closed: the request was aborted and its reader told
+        waiting = self._boxes[out.request_id]
+        if waiting is not None:
+            out = dataclasses.replace(out, delta=waiting.delta + out.delta)
+        self._boxes[out.request_id] = out
+
+    def take(self, request_id: str) -> RequestOutput | None:
+        """The request's pending output, or None; the mailbox closes once its final output is taken."""
+        out = self._boxes.get(request_id)
+        if out is None:
+            return None
+        self._boxes[request_id] = None
+        if out.finished:
+            self.close(request_id)
+        return out
+
+    def take_unclaimed(self) -> list[RequestOutput]:
+        """Pending outputs of every request no reader waits on, in the order the requests arrived."""
+        ready = [rid for rid, out in self._boxes.items() if out is not None and rid not in self._claimed]
+        return [self.take(rid) for rid in ready]
+
+    def has_unclaimed(self) -> bool:
+        return any(out is not None and rid not in self._claimed for rid, out in self._boxes.items())
