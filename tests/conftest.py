@@ -8,6 +8,14 @@ import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Property tests (hypothesis): a fixed set of examples by default, so CI is repeatable;
+# HYPOTHESIS_PROFILE=explore searches ten times as many, with a new seed each run.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("repeatable", max_examples=300, derandomize=True, database=None)
+settings.register_profile("explore", max_examples=3000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -12,6 +12,7 @@ Invariants checked on every example:
   - no step exceeds max_num_batched_tokens tokens or max_num_seqs sequences
 float64 keeps the packed (paged) and the one-sequence (contiguous) forward passes equal to ~1e-15,
 so a near-tie of two logits cannot flip a greedy token between them.
+Examples per test: 300 (tests/conftest.py's hypothesis profile; HYPOTHESIS_PROFILE=explore for more).
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def assert_step_limits(engine: LLMEngine, config: dict) -> None:
     assert max(engine.stats.batch_sizes, default=0) <= config["max_num_seqs"]
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(**SETTINGS)
 @given(workload=workloads())
 def test_batched_greedy_equals_one_at_a_time(tiny, tokenizer, reference, workload):
     requests, config = workload
@@ -124,7 +125,7 @@ def test_batched_greedy_equals_one_at_a_time(tiny, tokenizer, reference, workloa
 OPS = ["add", "open", "read", "step", "abort", "generate"]
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(**SETTINGS)
 @given(workload=workloads(), ops=st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 7)), max_size=30))
 def test_interleaved_callers_each_get_their_own_tokens(tiny, tokenizer, reference, workload, ops):
     """Raw requests driven by step(), streams read in turn, generate calls and aborts, in any order."""

@@ -90,5 +90,5 @@ def test_llm_quantization_option_swaps_layers_and_generates():
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                    SamplingParams(max_tokens=12, temperature=0))[0].outputs[0]
     assert "Paris" in out.text
-    with pytest.raises(ValueError, match="method must be one of"):
+    with pytest.raises(ValueError, match="quantization must be None or one of"):
         LLM(device="cpu", quantization="int3")

@@ -39,8 +39,11 @@ class LLM:
                  dtype: torch.dtype | str | None = None, quantization: str | None = None,
                  group_size: int = 32, **engine_args):
         engine_config = EngineConfig.from_options(engine_args)  # a misspelled option fails before the model loads
-        if quantization not in (None, "int8", "int4"):
-            raise ValueError(f"quantization must be None, 'int8' or 'int4', got {quantization!r}")
+        if quantization is not None:
+            from ..quant.linear import METHODS
+
+            if quantization not in METHODS:
+                raise ValueError(f"quantization must be None or one of {METHODS}, got {quantization!r}")
         group_size = number("group_size", group_size, Integral, lambda v: v >= 1, "an integer >= 1")
         self.device = resolve_device(device)
         default = torch.bfloat16 if self.device.type == "cuda" else torch.float32

@@ -2,7 +2,8 @@
 
     step():  batch = scheduler.schedule()      # who runs, how many tokens each
              tokens = model_runner.run(batch)  # one packed forward + sampling
-             return self._postprocess(...)     # append tokens, detokenize, stop, free finished
+             self._postprocess(...)            # append tokens, detokenize, stop, free finished
+             outputs -> each request's mailbox (OutputRouter); step() returns those of its own requests
 
 Two ways to drive it:
   - one driver:   `add_request(...)`, then `step()` in a loop; each step returns the new outputs.
@@ -238,6 +239,8 @@ class LLMEngine:
                 with self._lock:
                     ready = [out for rid in pending if (out := self.router.take(rid)) is not None]
                     if not ready:
+                        if not self.scheduler.has_unfinished():  # cannot happen; never spin on it
+                            raise RuntimeError(f"requests {list(pending)} wait for outputs, but nothing runs")
                         self._step()
                         continue
                 for out in ready:

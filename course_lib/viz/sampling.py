@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from ..sampling import SamplingParams, processed_logits
+from ..sampling import SAMPLING_EPS, SamplingParams, processed_logits
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -39,7 +39,7 @@ def filtered_distribution(logits: torch.Tensor, temperature: float = 1.0, top_k:
 
     logits [vocab]; `seen`: token ids already in the prompt/output (for the repetition penalty).
     Returns (ids, probs): the tokens the filters keep, most likely first (ties by id), and their
-    probabilities, which sum to 1. temperature == 0 is greedy: one token with probability 1.
+    probabilities, which sum to 1. Temperature 0 (below `SAMPLING_EPS`) is greedy: one token with probability 1.
     """
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             repetition_penalty=repetition_penalty)  # checks the ranges
@@ -71,7 +71,7 @@ def top_tokens(tokenizer: Tokenizer, ids: torch.Tensor, probs: torch.Tensor,
 
 
 def _filter_name(temperature: float, top_k: int, top_p: float, min_p: float, repetition_penalty: float) -> str:
-    if temperature == 0:
+    if temperature < SAMPLING_EPS:
         return "greedy (temperature 0)"
     parts = [f"T={temperature:g}"]
     parts += [f"top_k={top_k}"] if top_k > 0 else []
