@@ -22,6 +22,14 @@ def resolve_dtype(dtype: torch.dtype | str | None, default: torch.dtype = torch.
     return _NAMES[key]
 
 
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """The engine's dtype for a device: bfloat16 on a GPU that has it, float16 on one that does not, float32 on the CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
 def default_device() -> str:
     """"cuda" when a GPU is visible, else "cpu"."""
     return "cuda" if torch.cuda.is_available() else "cpu"

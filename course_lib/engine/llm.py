@@ -14,7 +14,7 @@ from typing import Iterator
 import torch
 
 from ..checks import Integral, number
-from ..dtypes import resolve_device, resolve_dtype
+from ..dtypes import default_dtype, resolve_device, resolve_dtype
 from ..loading import load_model
 from ..sampling import SamplingParams
 from ..tokenizer import load_tokenizer
@@ -46,8 +46,7 @@ class LLM:
                 raise ValueError(f"quantization must be None or one of {METHODS}, got {quantization!r}")
         group_size = number("group_size", group_size, Integral, lambda v: v >= 1, "an integer >= 1")
         self.device = resolve_device(device)
-        default = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.model = load_model(model, device=self.device, dtype=resolve_dtype(dtype, default))
+        self.model = load_model(model, device=self.device, dtype=resolve_dtype(dtype, default_dtype(self.device)))
         self.tokenizer = load_tokenizer(model)
         if quantization is not None:
             from ..quant import quantize_model

@@ -1,0 +1,72 @@
+"""What the first cell of every chapter does: one device and dtype for the whole chapter, quiet libraries.
+
+    setup = setup_chapter()          # prints: device: cpu (AMD EPYC 7B13) | dtype: float32 | threads: 2
+    llm = LLM(device=setup.device, dtype=setup.dtype)
+    ax.set_title(f"TTFT against prompt length, {setup.label}")
+"""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .dtypes import default_dtype, resolve_device, resolve_dtype
+
+
+@dataclass
+class ChapterSetup:
+    """The device, dtype and threads a chapter uses end to end, and a label for plot titles."""
+
+    device: torch.device
+    dtype: torch.dtype
+    threads: int
+    name: str  # the processor or GPU
+
+    @property
+    def label(self) -> str:
+        """E.g. "cpu (AMD EPYC 7B13, 2 threads), float32" or "cuda (Tesla T4), float16"."""
+        threads = f", {self.threads} threads" if self.device.type == "cpu" else ""
+        return f"{self.device.type} ({self.name}{threads}), {str(self.dtype).removeprefix('torch.')}"
+
+
+def processor_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def quiet_libraries() -> None:
+    """No progress bars or library warnings in a saved notebook (tqdm, transformers, huggingface_hub)."""
+    os.environ["TQDM_DISABLE"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in ("transformers", "huggingface_hub", "accelerate"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(transformers|torch|accelerate)\b")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def setup_chapter(device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
+                  seed: int = 0, verbose: bool = True) -> ChapterSetup:
+    """Pick the chapter's device ("cuda" when present, else the CPU) and the engine's dtype for it,
+    seed torch, quiet the libraries, and print the choice in one line."""
+    quiet_libraries()
+    dev = resolve_device(device)
+    setup = ChapterSetup(dev, resolve_dtype(dtype, default_dtype(dev)), torch.get_num_threads(), processor_name(dev))
+    torch.manual_seed(seed)
+    if verbose:
+        print(f"device: {setup.device.type} ({setup.name}) | dtype: {str(setup.dtype).removeprefix('torch.')} | "
+              f"threads: {setup.threads}")
+    return setup

@@ -1,0 +1,1 @@
+"""Checkers for chapter batching (filled in by that chapter)."""

@@ -1,0 +1,1 @@
+"""Checkers for chapter kv_cache (filled in by that chapter)."""

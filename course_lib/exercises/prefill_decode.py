@@ -1,0 +1,1 @@
+"""Checkers for chapter prefill_decode (filled in by that chapter)."""

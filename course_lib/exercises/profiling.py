@@ -1,0 +1,1 @@
+"""Checkers for chapter profiling (filled in by that chapter)."""

@@ -1,0 +1,1 @@
+"""Checkers for chapter quantization (filled in by that chapter)."""
