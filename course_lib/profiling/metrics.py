@@ -78,7 +78,11 @@ class RequestMetrics:
 
     @property
     def tpot(self) -> float | None:
-        """Time per output token after the first: (last - first token time) / (tokens - 1)."""
+        """Time per output token after the first: (last - first token time) / (tokens - 1), the mean ITL.
+
+        vLLM writes it (e2e - TTFT) / (tokens - 1); the two agree when the finish is stamped with the
+        last token, as the engine does (they differ by microseconds: the last token's detokenization).
+        """
         n = len(self.token_times)
         return None if n < 2 else (self.token_times[-1] - self.token_times[0]) / (n - 1)
 
