@@ -27,7 +27,7 @@ STAGES: list[tuple[str, str]] = [
 # What runs around the path: the engine's parts that are not one stage.
 BANDS: list[tuple[str, tuple[int, int], str]] = [
     ("weights (quantization 08)", (2, 6), "quantization"),
-    ("engine: batching, scheduling, paged KV blocks (07)", (1, 8), "scheduler"),
+    ("engine: batching and scheduling (07)", (1, 8), "scheduler"),
 ]
 
 
