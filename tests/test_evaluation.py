@@ -78,3 +78,29 @@ def test_evaluation_texts_are_fixed_and_offline():
     assert texts == ev.evaluation_texts()
     assert len(texts["en"].split()) > 500 and "tournament" in texts["en"]
     assert len(texts["zh"]) > 500 and sum("\u4e00" <= c <= "\u9fff" for c in texts["zh"]) > 400
+
+
+def test_kl_divergence_is_zero_for_the_same_model_and_matches_the_definition(tiny):
+    ids = torch.randint(0, 128, (30,))
+    ref = ev.score_text(tiny, ids, keep_logprobs=True)
+    assert ref.logprobs.shape == (29, 128)
+    assert ev.kl_divergence(ref, ev.score_text(tiny, ids, keep_logprobs=True)) == 0.0
+    q = quantize_model(copy.deepcopy(tiny), "int4", group_size=32, backend="torch")
+    other = ev.score_text(q, ids, keep_logprobs=True)
+    with torch.no_grad():
+        p = F.log_softmax(tiny(ids[None])[0, :-1].double(), -1)  # [29, vocab]
+        r = F.log_softmax(q(ids[None])[0, :-1].double(), -1)
+    expected = F.kl_div(r, p, log_target=True, reduction="none").sum(-1)  # KL(P || R) per position
+    torch.testing.assert_close(ev.kl_per_token(ref, other).double(), expected, atol=1e-6, rtol=1e-4)
+    assert ev.kl_divergence(ref, other) > 0
+    with pytest.raises(ValueError, match="keep_logprobs"):
+        ev.kl_divergence(ev.score_text(tiny, ids), other)
+
+
+def test_step_timings_interleave_rounds_and_keep_every_sample(tiny):
+    q = quantize_model(copy.deepcopy(tiny), "int8", backend="torch")
+    out = ev.step_timings({"float": tiny, "int8": q}, context_len=8, prefill_tokens=16, rounds=2, decode_repeats=3)
+    assert set(out) == {"float", "int8"}
+    for points in out.values():
+        assert len(points["decode"].timing.all) == 6 and len(points["prefill"].timing.all) == 2
+        assert points["decode"].cost.flops < points["prefill"].cost.flops

@@ -137,3 +137,17 @@ def test_quantize_model_auto_warns_when_it_falls_back():
         quantize_model(model, "int8")
     assert any("slower 'torch' backend" in str(w.message) for w in caught)
     assert model.layers[0].self_attn.q_proj.backend == "torch"
+
+
+def test_quantized_copy_leaves_the_float_model_and_shares_the_rest():
+    from course_lib.quant import quantized_copy
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                      num_kv_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = Transformer(cfg).eval()
+    q = quantized_copy(model, "int8", backend="torch")
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())  # the original keeps nn.Linear
+    assert sum(isinstance(m, QuantLinear) for m in q.modules()) == 7 * cfg.num_layers
+    assert q.embed_tokens.weight is model.embed_tokens.weight  # shared, not copied
+    assert q.layers[0].input_layernorm.weight is model.layers[0].input_layernorm.weight

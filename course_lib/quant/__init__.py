@@ -8,6 +8,6 @@ on a GPU or in the interpreter (TRITON_INTERPRET=1); `QuantLinear` imports it wh
 runs on CUDA.
 """
 from . import gguf_blocks, int4, int8
-from .linear import QuantLinear, quantize_model
+from .linear import QuantLinear, quantize_model, quantized_copy
 
-__all__ = ["QuantLinear", "quantize_model", "int8", "int4", "gguf_blocks"]
+__all__ = ["QuantLinear", "quantize_model", "quantized_copy", "int8", "int4", "gguf_blocks"]

@@ -21,6 +21,7 @@ Backends, chosen once per layer when it is built (`backend="auto"` picks by the 
 """
 from __future__ import annotations
 
+import copy
 import importlib.util
 import warnings
 
@@ -242,3 +243,15 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 128, backend
         warnings.warn(f"quantize_model: {len(fallbacks)} layer(s) use the slower 'torch' backend: "
                       + "; ".join(fallbacks[:5]) + (" ..." if len(fallbacks) > 5 else ""), stacklevel=2)
     return model
+
+
+def quantized_copy(model: nn.Module, method: str, group_size: int = 128, backend: str = "auto",
+                   include_lm_head: bool = False) -> nn.Module:
+    """A quantized copy of `model`, which is left as it was; the copy *shares* every tensor it
+    does not quantize (embedding, norms), so it costs only its new codes and scales.
+
+    Because of that sharing, never change the copy's dtype or device in place (`.to(...)` would
+    convert the original's shared tensors too): convert the float model first, then quantize.
+    """
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return quantize_model(copy.deepcopy(model, memo=shared), method, group_size, backend, include_lm_head)
