@@ -30,7 +30,7 @@ class ChapterSetup:
     @property
     def label(self) -> str:
         """E.g. "cpu (AMD EPYC 7B13, 2 threads), float32" or "cuda (Tesla T4), float16"."""
-        threads = f", {self.threads} threads" if self.device.type == "cpu" else ""
+        threads = f", {self.threads} thread{'s' if self.threads != 1 else ''}" if self.device.type == "cpu" else ""
         return f"{self.device.type} ({self.name}{threads}), {str(self.dtype).removeprefix('torch.')}"
 
 
