@@ -7,7 +7,7 @@
     roofline       measure_ceilings, measure_prefill, measure_decode, RooflinePoint
     loadtest       run_load_test (fixed concurrency or Poisson arrivals), sweep_concurrency, single_request_latency
     plots          plot_roofline, plot_latency_vs_length, plot_throughput_vs_concurrency, plot_throughput_vs_latency
-    torch_profile  profile_steps: top operators of a prefill and a decode step
+    torch_profile  profile_steps: top operators of a prefill and a decode step; phase_summary: time by operator family
 """
 from .flops import StepCost, decode_cost, prefill_cost, step_bytes, step_cost, step_flops
 from .memory import (activation_bytes, as_model_config, breakdown_frame, kv_bytes_per_token, kv_cache_bytes,
