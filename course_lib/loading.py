@@ -155,3 +155,29 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: tor
         model.lm_head.weight = model.embed_tokens.weight
     model.rotary.inv_freq = rope_inv_freq(config).to(device)
     return model.eval().requires_grad_(False)
+
+
+def load_reference_model(dtype: torch.dtype | str = torch.float32, **kwargs):
+    """transformers' own reading of the default model's GGUF file: the reference the engine is checked against.
+
+    Its progress bars are off for this call only, so a saved notebook holds none: transformers'
+    own ("Loading weights") through its switch, and its GGUF converter's, which has no switch.
+    `kwargs` go to `from_pretrained`.
+    """
+    from unittest import mock
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    path = default_gguf_path()
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with mock.patch.object(gguf_utils, "tqdm", lambda items, **_: items):
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                         dtype=resolve_dtype(dtype), **kwargs)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+    return model.eval()

@@ -51,10 +51,9 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def hf_model(gguf_path):
     """transformers' own reading of the same GGUF file: the reference."""
-    from transformers import AutoModelForCausalLM
+    from course_lib.loading import load_reference_model
 
-    return AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                dtype=torch.float32).eval()
+    return load_reference_model(torch.float32)
 
 
 @pytest.fixture(scope="session")
