@@ -61,8 +61,14 @@ def quiet_libraries() -> None:
 def setup_chapter(device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
                   seed: int = 0, verbose: bool = True) -> ChapterSetup:
     """Pick the chapter's device ("cuda" when present, else the CPU) and the engine's dtype for it,
-    seed torch, quiet the libraries, and print the choice in one line."""
+    seed torch, quiet the libraries, and print the choice in one line.
+
+    The environment variables COURSE_DEVICE and COURSE_DTYPE override the defaults (not explicit arguments):
+    a test runs a chapter in bfloat16 on the CPU, as a stand-in for a GPU's dtype, with COURSE_DTYPE=bfloat16.
+    """
     quiet_libraries()
+    device = device if device is not None else os.environ.get("COURSE_DEVICE") or None
+    dtype = dtype if dtype is not None else os.environ.get("COURSE_DTYPE") or None
     dev = resolve_device(device)
     setup = ChapterSetup(dev, resolve_dtype(dtype, default_dtype(dev)), torch.get_num_threads(), processor_name(dev))
     torch.manual_seed(seed)

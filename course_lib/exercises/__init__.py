@@ -18,7 +18,9 @@ def _export(module) -> None:
     __all__.extend(names)
 
 
-from . import prefill_decode, kv_cache, batching, quantization, profiling  # noqa: E402
+from . import (attention, batching, kv_cache, positions, prefill_decode, profiling, quantization,  # noqa: E402
+               sampling, tokenization, welcome)
 
-for _module in (prefill_decode, kv_cache, batching, quantization, profiling):
+for _module in (welcome, tokenization, positions, attention, sampling, prefill_decode, kv_cache, batching,
+                quantization, profiling):
     _export(_module)
