@@ -116,3 +116,52 @@ def test_attention_widget_builds_and_redraws():
     assert (layer.max, head.max) == (1, 1)
     layer.value, head.value = 1, 1  # redraws through attention_heatmap without error
     text.value = "again"  # recomputes the weights
+
+
+def test_gqa_diagram_links_each_query_head_to_its_kv_head():
+    fig = viz.gqa_sharing_diagram(9, [9, 3, 1], head_dim=64, num_layers=30, dtype=torch.bfloat16)
+    assert len(fig.axes) == 3
+    for ax, kv in zip(fig.axes, [9, 3, 1]):
+        links = sorted(line.get_gid() for line in ax.lines)
+        assert links == sorted(f"q{h}->kv{h // (9 // kv)}" for h in range(9))
+        boxes = {p.get_gid() for p in ax.patches}
+        assert boxes == {f"q{h}" for h in range(9)} | {f"kv{g}" for g in range(kv)}
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[0].startswith("MHA") and titles[1].startswith("GQA, groups of 3") and titles[2].startswith("MQA")
+    texts = [t.get_text() for t in fig.axes[1].texts]
+    assert "KV cache: 23,040 bytes/token in bfloat16" in texts  # 2 x 30 x 3 x 64 x 2
+
+
+def test_gqa_diagram_kv_boxes_sit_under_their_group():
+    fig = viz.gqa_sharing_diagram(8, [2])
+    ax = fig.axes[0]
+    for line in ax.lines:
+        (xq, xkv), _ = line.get_data()
+        h, g = (int(s) for s in line.get_gid().removeprefix("q").split("->kv"))
+        assert g == h // 4
+        assert xkv == pytest.approx((g + 0.5) * 4)  # the middle of query heads 4g .. 4g+3
+
+
+def test_gqa_diagram_rejects_uneven_groups():
+    with pytest.raises(ValueError, match="evenly"):
+        viz.gqa_sharing_diagram(9, [2])
+
+
+def test_memory_vs_length_plot_draws_formulas_measurements_and_limits():
+    lens = [1024, 4096, 16384]
+    fig = viz.memory_vs_length_plot(lens, {"scores [seq, seq]": [4 * n * n for n in lens],
+                                           "tile": [32768.0] * 3},
+                                    measured={"naive": [5e6, 7e7]}, measured_lens=[1024, 4096],
+                                    on_chip_bytes={"228 KiB shared memory per SM": 228 * 1024})
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert "MiB" in ax.get_ylabel() and "tokens" in ax.get_xlabel()
+    data = {line.get_label(): line.get_ydata() for line in ax.lines}
+    np.testing.assert_allclose(data["scores [seq, seq]"], [4 * n * n / 2**20 for n in lens])
+    np.testing.assert_allclose(data["naive: measured peak"], [5e6 / 2**20, 7e7 / 2**20])
+    assert any(t.get_text() == "228 KiB shared memory per SM" for t in ax.texts)
+    fig = viz.memory_vs_length_plot(lens, {"naive": [1.0, 2.0, 3.0]}, measured={"naive": [1.5]}, measured_lens=[1024])
+    line, marker = fig.axes[0].lines
+    assert marker.get_color() == line.get_color()  # a measurement takes the colour of its formula
+    with pytest.raises(ValueError, match="values for 3 lengths"):
+        viz.memory_vs_length_plot(lens, {"bad": [1.0]})

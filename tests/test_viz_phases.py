@@ -55,3 +55,30 @@ def test_time_floors_and_their_plot():
     assert phases.time_floors(decode, ceilings) == pytest.approx({"compute": 0.002, "memory": 0.05, "measured": 0.1})
     fig = phases.plot_time_floors([prefill, decode], ceilings)
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["prefill", "decode"]
+
+
+def test_forward_pass_grid_counts_what_each_pass_computes_and_reads():
+    g = phases.forward_pass_grid(5, 4)  # a 5-token prompt, 4 output tokens
+    assert g.shape == (4, 8)  # the last output token is never fed back
+    assert (g[0] == phases.PREFILL).sum() == 5 and (g[0] == phases.EMPTY).sum() == 3
+    assert [(row == phases.DECODE).sum() for row in g[1:]] == [1, 1, 1]
+    assert [(row == phases.CACHED).sum() for row in g[1:]] == [5, 6, 7]  # each step reads everything before it
+    assert g[3, 7] == phases.DECODE
+    with pytest.raises(ValueError):
+        phases.forward_pass_grid(0, 3)
+
+
+def test_forward_passes_plot_labels_each_pass():
+    fig = phases.plot_forward_passes(6, ["'The'", "' sky'", "'<|im_end|>'"], title="t")
+    ax = fig.axes[0]
+    assert ax.images[0].get_array().shape == (3, 8)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["prefill (6 tokens)", "decode step 1", "decode step 2"]
+    assert "-> ' sky'" in _texts(fig)
+
+
+def test_prompt_cost_writes_the_ratio():
+    fig = phases.plot_prompt_cost([1, 10], [0.05, 0.1], 0.05)
+    text = _texts(fig)
+    assert "1.0x" in text and "5.0x" in text  # 10 decode steps of 50 ms against one 100 ms prefill
+    with pytest.raises(ValueError):
+        phases.plot_prompt_cost([1, 10], [0.05], 0.05)

@@ -76,3 +76,27 @@ def test_score_vs_offset_plot_has_one_line_per_curve():
 def test_matrix_heatmap_rejects_non_2d():
     with pytest.raises(ValueError, match="2-D"):
         positions.matrix_heatmap(np.zeros(3), title="", xlabel="", ylabel="", cbar_label="")
+
+
+def test_offset_comparison_plot_has_one_panel_per_scheme():
+    offsets = np.arange(4)
+    panels = {"added": {"key at 0": np.arange(4.0), "key at 9": np.ones(4)},
+              "rotated": {"key at 0": np.zeros(4), "key at 9": np.zeros(4)}}
+    fig = positions.offset_comparison_plot(offsets, panels, title="T")
+    left, right = fig.axes
+    assert left.get_title() == "added" and right.get_title() == "rotated"
+    assert [l.get_label() for l in left.lines] == ["key at 0", "key at 9"]
+    np.testing.assert_array_equal(left.lines[0].get_ydata(), np.arange(4.0))
+    assert left.lines[0].get_linestyle() != left.lines[1].get_linestyle()  # coinciding curves stay visible
+    assert left.get_shared_y_axes().joined(left, right)
+    assert "offset" in right.get_xlabel() and "q . k" in left.get_ylabel()
+
+
+def test_mean_direction_plot_draws_every_token_and_bin_medians():
+    values = np.linspace(-1, 1, 100)
+    fig = positions.mean_direction_plot(values, marked={"rare": 90}, bins=4)
+    ax = fig.axes[0]
+    assert len(ax.collections[0].get_offsets()) == 100  # one dot per token
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [np.median(values[a:a + 25]) for a in range(0, 100, 25)])
+    assert [t.get_text() for t in ax.texts] == ["rare"]
+    assert "token id" in ax.get_xlabel() and "cosine" in ax.get_ylabel()

@@ -148,3 +148,42 @@ def test_widget_callback_draws(tokenizer):
     widget.children[1].value = 2  # the top_k slider: the callback redraws
     title = plt.gcf().axes[0].get_title()  # (under Agg, show() leaves the figure open)
     assert "top_k=2" in title and "2 of" in title
+
+
+def test_compare_filtered_counts_kept_sets_and_the_largest_difference():
+    inf = float("-inf")
+    a = torch.tensor([1.0, 2.0, inf, 0.5, inf])
+    b = torch.tensor([1.0, 2.5, 3.0, inf, inf])
+    c = vs.compare_filtered(a, b)
+    assert (c.both, c.only_first, c.only_second) == (2, 1, 1) and not c.same_tokens
+    assert c.max_abs_diff == pytest.approx(0.5)
+    assert str(c) == "2 tokens kept by both, 2 by only one, max |difference| 5.0e-01"
+    same = vs.compare_filtered(a, a.clone())
+    assert same.same_tokens and same.max_abs_diff == 0.0 and same.both == 3
+
+
+def test_plot_nucleus_marks_where_each_curve_reaches_p():
+    peaked = torch.tensor([5.0, 1.0, 0.0, -1.0, -2.0] + [-5.0] * 95)
+    flat = torch.zeros(100)
+    ax = vs.plot_nucleus({"peaked": peaked, "flat": flat}, 0.855).axes[0]
+    lines = ax.get_lines()
+    assert len(lines) == 3  # two curves and the dashed top_p line
+    assert lines[1].get_ydata()[-1] == pytest.approx(1.0)  # a cumulative sum ends at 1
+    kept = [int(c.get_offsets()[0][0]) for c in ax.collections]
+    assert kept == [1, 86]  # the peaked top token alone holds 0.97; 86 of 100 equal tokens pass 0.855
+    assert "keeps 86" in ax.get_legend().get_texts()[1].get_text()
+    assert ax.get_xscale() == "log" and "cumulative" in ax.get_ylabel()
+
+
+def test_plot_parameter_shares_splits_one_bar_by_share():
+    parts = {"self_attn.q_proj.weight": 100, "self_attn.k_proj.weight": 50, "mlp.gate_proj.weight": 300,
+             "mlp.up_proj.weight": 300, "mlp.down_proj": 250}  # shortened to the *_proj part
+    ax = vs.plot_parameter_shares(parts, "a block").axes[0]
+    bars = ax.patches
+    assert [round(b.get_width(), 3) for b in bars] == [10.0, 5.0, 30.0, 30.0, 25.0]
+    assert bars[-1].get_x() + bars[-1].get_width() == pytest.approx(100)
+    assert "1,000" in ax.get_xlabel() and ax.get_title() == "a block"
+    texts = [t.get_text() for t in ax.texts]
+    assert "gate_proj\n30%" in texts and "k_proj\n5%" in texts
+    assert [t.get_text() for t in ax.get_legend().get_texts()][0] == "q_proj (10.0%)"
+    assert bars[0].get_facecolor() != bars[2].get_facecolor()  # attention blue, MLP orange

@@ -1,4 +1,5 @@
-"""Figures and the widget of chapter 3, attention (注意力): heatmaps of attention weights, KV memory bars.
+"""Figures and the widget of chapter 3, attention (注意力): heatmaps of attention weights, KV memory bars,
+the head sharing of MHA / GQA / MQA, and the memory of the score matrix against sequence length.
 
 Plain functions return matplotlib `Figure`s; `attention_widget` is thin ipywidgets glue over them.
 `weights` everywhere is what `ReferenceAttention.weights` holds (a dict layer -> [batch, heads, seq, seq])
@@ -119,6 +120,90 @@ def kv_memory_plot(kv_bytes: Mapping[str, int], title: str = "KV cache per token
     ax.set_xlabel("KV cache per token (KiB)")
     ax.set_title(title)
     ax.grid(True, axis="x", alpha=0.3)
+    return fig
+
+
+def gqa_sharing_diagram(num_heads: int, kv_head_counts: Sequence[int], head_dim: int | None = None,
+                        num_layers: int | None = None, dtype: torch.dtype | None = None) -> Figure:
+    """One panel per KV-head count: query heads on top, the KV heads they read below, a line from each query head h
+    to KV head h // (num_heads // kv_heads), coloured by group (分组查询注意力).
+
+    With `head_dim`, `num_layers` and `dtype`, each panel also states the KV-cache bytes per token
+    (2 x layers x KV heads x head_dim x bytes). Artists carry ids: boxes "q3", "kv1", lines "q3->kv1".
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    for kv in kv_head_counts:
+        if kv < 1 or num_heads % kv:
+            raise ValueError(f"{num_heads} query heads cannot be shared evenly by {kv} KV heads")
+    colors = plt.get_cmap("tab10").colors
+    fig, axes = plt.subplots(1, len(kv_head_counts), figsize=(4.2 * len(kv_head_counts), 3.1), squeeze=False,
+                             layout="constrained")
+    for ax, kv in zip(axes[0], kv_head_counts):
+        group = num_heads // kv
+        width = num_heads  # both rows span the same width: KV boxes sit under their group of query heads
+        q_x = [(h + 0.5) * width / num_heads for h in range(num_heads)]
+        kv_x = [(g + 0.5) * width / kv for g in range(kv)]
+        for h, x in enumerate(q_x):
+            g = h // group
+            ax.add_patch(FancyBboxPatch((x - 0.35, 1.6), 0.7, 0.5, boxstyle="round,pad=0.02", fc=colors[g % 10],
+                                        ec="black", lw=0.6, alpha=0.85, gid=f"q{h}"))
+            ax.text(x, 1.85, f"Q{h}", ha="center", va="center", fontsize=7)
+            ax.plot([x, kv_x[g]], [1.6, 0.75], color=colors[g % 10], lw=1.2, gid=f"q{h}->kv{g}")
+        for g, x in enumerate(kv_x):
+            w = min(0.9 * width / kv, width - 0.2)
+            ax.add_patch(FancyBboxPatch((x - w / 2, 0.25), w, 0.5, boxstyle="round,pad=0.02", fc=colors[g % 10],
+                                        ec="black", lw=1.0, gid=f"kv{g}"))
+            ax.text(x, 0.5, f"K{g}, V{g}" if w > 1.2 else f"KV{g}", ha="center", va="center", fontsize=7)
+        kind = "MHA" if kv == num_heads else "MQA" if kv == 1 else f"GQA, groups of {group}"
+        ax.set_title(f"{kind}: {num_heads} query / {kv} KV heads", fontsize=10)
+        if head_dim and num_layers and dtype is not None:
+            per_token = 2 * num_layers * kv * head_dim * torch.empty((), dtype=dtype).element_size()
+            ax.text(width / 2, -0.05, f"KV cache: {per_token:,} bytes/token in {str(dtype).removeprefix('torch.')}",
+                    ha="center", va="top", fontsize=8)
+        ax.text(-0.3, 1.85, "query\nheads", ha="right", va="center", fontsize=7)
+        ax.text(-0.3, 0.5, "cached\nK, V heads", ha="right", va="center", fontsize=7)
+        ax.set_xlim(-1.6, width + 0.1)
+        ax.set_ylim(-0.45, 2.25)
+        ax.axis("off")
+    fig.suptitle("Which key/value head each query head reads", fontsize=11)
+    return fig
+
+
+def memory_vs_length_plot(seq_lens: Sequence[int], formulas: Mapping[str, Sequence[float]],
+                          measured: Mapping[str, Sequence[float]] | None = None,
+                          measured_lens: Sequence[int] | None = None, on_chip_bytes: Mapping[str, float] | None = None,
+                          title: str = "Attention memory against sequence length") -> Figure:
+    """Log-log lines of bytes against sequence length (`formulas`, one value per length), markers for measured peaks
+    (`measured`, one value per `measured_lens`; a name that is also a formula's gets that line's colour), and dashed
+    horizontal lines for on-chip memory sizes."""
+    fig, ax = _new_axes(None, figsize=(7.5, 4.6))
+    colors = {}
+    for name, values in formulas.items():
+        if len(values) != len(seq_lens):
+            raise ValueError(f"{name!r}: {len(values)} values for {len(seq_lens)} lengths")
+        (line,) = ax.plot(seq_lens, [v / MiB for v in values], marker=".", label=name)
+        colors[name] = line.get_color()
+    for name, values in (measured or {}).items():
+        if measured_lens is None or len(values) != len(measured_lens):
+            raise ValueError(f"measured {name!r} needs one value per measured_lens")
+        ax.plot(measured_lens, [v / MiB for v in values], ls="none", marker="o", mfc="none", ms=9, mew=1.6,
+                color=colors.get(name), label=f"{name}: measured peak")
+    for name, size in (on_chip_bytes or {}).items():
+        ax.axhline(size / MiB, color="gray", ls="--", lw=1)
+        ax.annotate(name, (seq_lens[0], size / MiB), textcoords="offset points", xytext=(2, 3), fontsize=8,
+                    color="dimgray")
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(seq_lens) | set(measured_lens or []))
+    ax.set_xticks(ticks, [f"{n:,}" for n in ticks], fontsize=8)
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("bytes (MiB, log scale)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
     return fig
 
 

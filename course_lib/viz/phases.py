@@ -1,5 +1,8 @@
-"""Pictures of the two phases of a request (notebook 05): the matmul shapes, one request's timeline, time floors.
+"""Pictures of the two phases of a request (notebooks 00 and 05): the forward passes of one turn, the matmul shapes,
+the cost of a prompt, one request's timeline, time floors.
 
+    plot_forward_passes(37, ["'The'", "' capital'", ...])  # a row per forward pass: computed, read from the cache
+    plot_prompt_cost([1, 8, 32], prefill_s, decode_s)  # one prefill of n tokens against n decode steps
     plot_phase_shapes(30, 576, 1536)           # [30, 576] @ [576, 1536] (prefill) next to [1, 576] @ [576, 1536]
     plot_request_timeline(out.metrics, labels, n_prompt)  # prefill until the first token (TTFT), then a tick a token
     time_floors(point, ceilings)               # the fastest a step could run on each roof, next to its measured time
@@ -12,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
+    import numpy as np
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -53,6 +57,84 @@ def _phase_panel(ax: Axes, rows: int, rows_drawn: int, row_h: float, hidden: int
     ax.set_ylim(-0.9, H + 0.2)
     ax.set_aspect("equal")
     ax.axis("off")
+
+
+EMPTY, CACHED, PREFILL, DECODE = 0, 1, 2, 3  # cell kinds of `forward_pass_grid`
+
+
+def forward_pass_grid(prompt_len: int, num_output: int) -> "np.ndarray":
+    """[passes, positions] kinds of one greedy turn: pass 0 (prefill) computes positions 0..prompt_len-1; decode pass k
+    computes position prompt_len+k-1 (the token sampled by the pass before) and reads every earlier one from the
+    KV cache. The last output token is never fed back, so there are prompt_len + num_output - 1 positions."""
+    import numpy as np
+
+    if prompt_len < 1 or num_output < 1:
+        raise ValueError(f"need prompt_len >= 1 and num_output >= 1, got {prompt_len} and {num_output}")
+    grid = np.full((num_output, prompt_len + num_output - 1), EMPTY, dtype=np.int8)
+    grid[0, :prompt_len] = PREFILL
+    for k in range(1, num_output):
+        grid[k, :prompt_len + k - 1] = CACHED
+        grid[k, prompt_len + k - 1] = DECODE
+    return grid
+
+
+def plot_forward_passes(prompt_len: int, output_labels: Sequence[str], title: str | None = None) -> Figure:
+    """One greedy turn as a grid: a row per forward pass (the prefill, then one per decode step), a column per
+    position; each cell says whether that pass computes the position's K and V, reads them from the KV cache, or
+    the position does not exist yet. The token each pass produced is written at the end of its row.
+
+    `output_labels`: one short ASCII label per output token (e.g. `viz.sampling.token_label`).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    grid = forward_pass_grid(prompt_len, len(output_labels))
+    passes, positions = grid.shape
+    colors = ["white", WEIGHT_COLOR, PREFILL_COLOR, DECODE_COLOR]
+    fig, ax = plt.subplots(figsize=(min(14, 3 + 0.22 * positions), 1.6 + 0.32 * passes))
+    ax.imshow(grid, cmap=ListedColormap(colors), vmin=0, vmax=3, aspect="auto", interpolation="nearest")
+    ax.set_xticks([x - 0.5 for x in range(positions + 1)], minor=True)
+    ax.set_yticks([y - 0.5 for y in range(passes + 1)], minor=True)
+    ax.grid(which="minor", color="white", lw=0.6)
+    ax.tick_params(which="minor", length=0)
+    ax.axvline(prompt_len - 0.5, color="#3e4c59", lw=1.2, ls="--")
+    ax.set_yticks(range(passes), [f"prefill ({prompt_len} tokens)"] + [f"decode step {k}" for k in range(1, passes)],
+                  fontsize=8)
+    for k, label in enumerate(output_labels):
+        ax.text(positions + 0.1, k, f"-> {label}", va="center", ha="left", fontsize=8)
+    ax.set_xlim(-0.5, positions + 4.5)
+    ax.set_xlabel(f"position in the sequence: prompt 0..{prompt_len - 1}, then the output tokens fed back")
+    ax.legend(handles=[Patch(fc=PREFILL_COLOR, label="K, V computed by the prefill"),
+                       Patch(fc=DECODE_COLOR, label="K, V computed by this decode step"),
+                       Patch(fc=WEIGHT_COLOR, label="K, V read from the KV cache")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.18 - 0.6 / passes), ncol=3, fontsize=8, frameon=False)
+    ax.set_title(title or "One chat turn, forward pass by forward pass", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def plot_prompt_cost(lengths: Sequence[int], prefill_seconds: Sequence[float], decode_seconds: float,
+                     title: str | None = None) -> Figure:
+    """Time to process a prompt of n tokens: one prefill (measured) against n decode steps (n x one measured step),
+    on log axes, with the ratio written at each point."""
+    import matplotlib.pyplot as plt
+
+    if len(lengths) != len(prefill_seconds):
+        raise ValueError(f"one prefill time per length: {len(lengths)} lengths, {len(prefill_seconds)} times")
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
+    pre = [s * 1e3 for s in prefill_seconds]
+    dec = [n * decode_seconds * 1e3 for n in lengths]
+    ax.plot(lengths, pre, marker="o", color=PREFILL_COLOR, label="one prefill: all n tokens in one forward pass")
+    ax.plot(lengths, dec, marker="s", ls="--", color=DECODE_COLOR,
+            label="n decode steps: one token per forward pass")
+    for n, p, d in zip(lengths, pre, dec):
+        ax.annotate(f"{d / p:.1f}x", (n, (p * d) ** 0.5), ha="center", va="center", fontsize=8, color="#52606d")
+    ax.set(xscale="log", yscale="log", xlabel="prompt length n (tokens)", ylabel="time (ms, log scale)")
+    ax.set_title(title or "Processing a prompt: one prefill against one token at a time", fontsize=11)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, title="numbers: time of n decode steps / time of one prefill", title_fontsize=8)
+    return fig
 
 
 def plot_phase_shapes(num_tokens: int, hidden: int, out_features: int, weight_name: str = "gate_proj",

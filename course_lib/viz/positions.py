@@ -152,3 +152,55 @@ def score_vs_offset_plot(offsets, curves: Mapping[str, object], title: str = "q 
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+def offset_comparison_plot(offsets, panels: Mapping[str, Mapping[str, object]],
+                           title: str = "q . k against relative offset, for several absolute positions") -> Figure:
+    """Side-by-side panels, one per position scheme, sharing the y axis; in each, one line per curve.
+
+    `panels` maps a panel title to {curve label: scores}, e.g. {"added (sinusoidal)": {"key at 0": ...,
+    "key at 1000": ...}, "rotated (RoPE)": {...}}. Curves that coincide are drawn with different dashes,
+    so that lines lying exactly on top of each other stay visible.
+    """
+    import matplotlib.pyplot as plt
+
+    x = _as_numpy(offsets)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), layout="constrained", sharey=True,
+                             squeeze=False)
+    dashes = ["-", "--", "-.", ":"]
+    for ax, (name, curves) in zip(axes[0], panels.items()):
+        for j, (label, y) in enumerate(curves.items()):
+            ax.plot(x, _as_numpy(y), ls=dashes[j % len(dashes)], lw=1.6 if j == 0 else 1.2, label=label)
+        ax.set_title(name)
+        ax.set_xlabel("relative offset m - n (tokens)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("dot product q . k")
+    fig.suptitle(title)
+    return fig
+
+
+def mean_direction_plot(cosines, marked: Mapping[str, int] | None = None, bins: int = 24,
+                        title: str = "How far each row leans along the table's mean direction") -> Figure:
+    """Cosine of every embedding row with the mean row, against the token id; a line for the median per id bin.
+
+    BPE gives later (higher) ids to rarer merges, so the x axis runs roughly from frequent to rare tokens.
+    `marked` names tokens to point at, {label: token id}; keep labels to characters the plot font has.
+    """
+    values = _as_numpy(cosines)
+    ids = np.arange(len(values))
+    fig, ax = _new_axes(None, figsize=(8, 4))
+    ax.scatter(ids, values, s=1, alpha=0.15, color="tab:blue", rasterized=True, label="one token")
+    edges = np.linspace(0, len(values), bins + 1).astype(int)
+    centres = (edges[:-1] + edges[1:]) / 2
+    medians = [float(np.median(values[a:b])) for a, b in zip(edges[:-1], edges[1:])]
+    ax.plot(centres, medians, color="tab:orange", lw=2, label=f"median of {len(values) // bins:,} ids")
+    for label, i in (marked or {}).items():
+        ax.scatter([i], [values[i]], s=30, color="black", zorder=3)
+        ax.annotate(label, (i, values[i]), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.set_xlabel("token id (BPE merge order: frequent -> rare)")
+    ax.set_ylabel("cosine with the mean row")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right", markerscale=8)
+    return fig

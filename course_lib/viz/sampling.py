@@ -2,20 +2,23 @@
 
 The plain functions do the work and are tested; `sampling_widget` only wires sliders to `plot_filter`.
 
-    logits = next_token_logits(model, tok, "Once upon a time, there was a")   # [vocab]
+    logits = next_token_logits(model, tok, "Once upon a time, there was a")   # [vocab], on the model's device
     ids, probs = filtered_distribution(logits, temperature=0.8, top_p=0.9)    # what the engine samples from
     plot_filter(logits, tok, top_k=5)                                         # top-20 before / after
+    print(compare_filtered(top_k_filter(logits, 5), TopKLogitsWarper(5)(None, logits[None])[0]))  # engine vs HF
+    plot_nucleus({"broad": logits, "peaked": other}, top_p=0.9)              # how many tokens top-p keeps
 
 Matplotlib's default font has no CJK glyphs, so token labels are ASCII: `' Paris'`, `'\\u5728'` (在),
 or the raw bytes of a token that is only part of a UTF-8 character.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from ..sampling import SAMPLING_EPS, SamplingParams, processed_logits
+from ..sampling import SAMPLING_EPS, SamplingParams, processed_logits, top_p_filter
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -26,10 +29,10 @@ if TYPE_CHECKING:
 
 @torch.inference_mode()
 def next_token_logits(model: Transformer, tokenizer: Tokenizer, prompt: str | list[int]) -> torch.Tensor:
-    """Logits [vocab] (float32) of the token that would follow `prompt` (text or ids): one full forward."""
+    """Logits [vocab] (float32, on the model's device) of the token after `prompt` (text or ids): one full forward."""
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     x = torch.tensor([ids], device=model.device)  # [1, seq]
-    return model(x, last_only=True)[0, -1].float().cpu()  # [vocab]
+    return model(x, last_only=True)[0, -1].float()  # [vocab], on the model's device, float32 as the Sampler sees it
 
 
 def filtered_distribution(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -44,14 +47,40 @@ def filtered_distribution(logits: torch.Tensor, temperature: float = 1.0, top_k:
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             repetition_penalty=repetition_penalty)  # checks the ranges
     if seen is not None:
-        seen = torch.as_tensor(sorted(set(torch.as_tensor(seen).tolist())), dtype=torch.long)
+        seen = torch.as_tensor(sorted(set(torch.as_tensor(seen).tolist())), dtype=torch.long, device=logits.device)
     out = processed_logits(logits, params, seen)  # [vocab], -inf where a filter dropped the token
     if params.greedy:
-        return out.argmax().reshape(1), torch.ones(1)
+        return out.argmax().reshape(1), torch.ones(1, device=out.device)
     probs = out.softmax(-1)  # [vocab]
     kept = torch.isfinite(out).nonzero().flatten()  # ids in ascending order
     order = torch.argsort(probs[kept], descending=True, stable=True)
     return kept[order], probs[kept[order]]
+
+
+@dataclass
+class FilterComparison:
+    """Two filtered logits [vocab] side by side (-inf = dropped): which tokens each keeps, how far the kept differ."""
+
+    both: int  # tokens both keep
+    only_first: int  # kept by the first only
+    only_second: int  # kept by the second only
+    max_abs_diff: float  # over the tokens both keep
+
+    @property
+    def same_tokens(self) -> bool:
+        return self.only_first == 0 and self.only_second == 0
+
+    def __str__(self) -> str:
+        return (f"{self.both} tokens kept by both, {self.only_first + self.only_second} by only one, "
+                f"max |difference| {self.max_abs_diff:.1e}")
+
+
+def compare_filtered(first: torch.Tensor, second: torch.Tensor) -> FilterComparison:
+    """Compare two filtered logits of the same shape: kept sets and the largest difference where both keep."""
+    a, b = torch.isfinite(first), torch.isfinite(second)
+    both = a & b
+    diff = (first[both].double() - second[both].double()).abs().max().item() if both.any() else 0.0
+    return FilterComparison(int(both.sum()), int((a & ~b).sum()), int((b & ~a).sum()), diff)
 
 
 def token_label(tokenizer: Tokenizer, token_id: int) -> str:
@@ -127,13 +156,40 @@ def plot_temperatures(logits: torch.Tensor, tokenizer: Tokenizer, temperatures: 
             probs = (logits.float() / t).softmax(-1)  # [vocab]
         else:  # the limit T -> 0 is greedy: all mass on the argmax
             probs = torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).float()
-        ax.plot(range(len(ids)), 100 * probs[ids], marker="o", label=f"T = {t:g}")
+        ax.plot(range(len(ids)), (100 * probs[ids]).tolist(), marker="o", label=f"T = {t:g}")
     ax.set_xticks(range(len(ids)))
     ax.set_xticklabels([token_label(tokenizer, int(i)) for i in ids], rotation=60, ha="right", fontsize=8)
     ax.set_xlabel(f"next token (the {len(ids)} most likely at T = 1)")
     ax.set_ylabel("probability (%)")
     ax.set_title("Temperature: softmax(logits / T)")
     ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_nucleus(curves: dict[str, torch.Tensor], top_p: float) -> Figure:
+    """Cumulative probability against rank (most likely first) for each logits [vocab] in `curves`.
+
+    A dashed line marks `top_p`; a dot marks how many tokens the engine's `top_p_filter` keeps,
+    where each curve first reaches it: few for a peaked distribution, many for a broad one.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for name, logits in curves.items():
+        probs = logits.double().softmax(-1).sort(descending=True).values
+        cumulative = probs.cumsum(-1).cpu()
+        kept = int(torch.isfinite(top_p_filter(logits.double(), top_p)).sum())
+        line, = ax.plot(range(1, len(cumulative) + 1), cumulative.tolist(), label=f"{name}: keeps {kept:,}")
+        ax.scatter([kept], [cumulative[kept - 1].item()], color=line.get_color(), zorder=3)
+    ax.axhline(top_p, color="grey", linestyle="--", label=f"top_p = {top_p:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("rank of the token (1 = most likely), log scale")
+    ax.set_ylabel("cumulative probability")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"Top-p keeps the most likely tokens until their total reaches {top_p:g}")
+    ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig
@@ -147,16 +203,16 @@ def sample_counts(probs: torch.Tensor, num_samples: int, seed: int = 0) -> torch
     """
     from ..sampling import sample_from_probs
 
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=probs.device).manual_seed(seed)
     draws = sample_from_probs(probs.float().expand(num_samples, -1).contiguous(), gen)  # [num_samples]
-    return torch.bincount(draws, minlength=probs.shape[-1])  # [m]
+    return torch.bincount(draws, minlength=probs.shape[-1]).cpu()  # [m]
 
 
 def plot_sample_counts(ids: torch.Tensor, probs: torch.Tensor, counts: torch.Tensor, tokenizer: Tokenizer) -> Figure:
     """Probability against observed frequency for tokens `ids` (probs and counts aligned with ids)."""
     import matplotlib.pyplot as plt
 
-    freq = counts.float() / counts.sum()
+    probs, freq = probs.float().cpu(), counts.float().cpu() / counts.sum().item()
     xs = range(len(ids))
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.bar([x - 0.2 for x in xs], 100 * probs, width=0.4, color="lightgrey", label="probability")
@@ -183,6 +239,38 @@ def plot_per_layer(values: Sequence[float], ylabel: str, title: str) -> Figure:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_parameter_shares(parts: dict[str, int], title: str) -> Figure:
+    """One horizontal bar split into `parts` (parameter name -> count), each labelled with its share.
+
+    Names are shortened to their `*_proj` part ("self_attn.q_proj.weight" -> "q_proj"). Attention's q/k/v/o_proj
+    are drawn in blues, the MLP's gate/up/down_proj in oranges, anything else in grey.
+    """
+    from itertools import cycle
+
+    import matplotlib.pyplot as plt
+
+    total = sum(parts.values())
+    blues, oranges = cycle(plt.cm.Blues([0.8, 0.65, 0.5, 0.35])), cycle(plt.cm.Oranges([0.8, 0.6, 0.4]))
+    fig, ax = plt.subplots(figsize=(11, 2.4))
+    left = 0.0
+    for name, count in parts.items():
+        share = count / total
+        short = next((part for part in name.split(".") if part.endswith("proj")), name)
+        color = (next(blues) if short in ("q_proj", "k_proj", "v_proj", "o_proj") else
+                 next(oranges) if short in ("gate_proj", "up_proj", "down_proj") else "lightgrey")
+        ax.barh(0, 100 * share, left=100 * left, color=color, edgecolor="white", label=f"{short} ({share:.1%})")
+        if share > 0.04:
+            ax.text(100 * (left + share / 2), 0, f"{short}\n{share:.0%}", ha="center", va="center", fontsize=8)
+        left += share
+    ax.set_xlim(0, 100)
+    ax.set_yticks([])
+    ax.set_xlabel(f"share of the {total:,} parameters (%)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
 
