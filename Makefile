@@ -12,7 +12,7 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 PYTEST_ARGS ?=
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: setup course test test-lib test-notebooks figures benchmarks clean
+.PHONY: setup course test test-lib test-notebooks figures bench bench-peers clean
 
 setup: $(VENV)/.done
 
@@ -45,6 +45,15 @@ test-notebooks: setup
 
 figures: setup
 	$(PY) -m benchmarks.make_figures
+
+# The engine against transformers (and llama.cpp when bench-peers installed it), one table of ratios.
+bench: setup
+	$(PY) -m benchmarks.compare --json benchmarks/compare.json
+
+# Optional peers for `make bench`, never part of `make test`: llama.cpp through llama-cpp-python
+# (PyPI ships it as source: this compiles llama.cpp, several minutes on 2 cores; needs cmake and a C++ compiler).
+bench-peers: setup
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install llama-cpp-python
 
 clean:
 	rm -rf $(VENV) .pytest_cache

