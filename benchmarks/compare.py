@@ -33,7 +33,8 @@ import torch
 from course_lib import LLM, SamplingParams
 from course_lib.chapter import processor_name, quiet_libraries
 from course_lib.loading import default_gguf_path, load_reference_model
-from course_lib.profiling import measure_ceilings, step_bytes, step_flops
+from course_lib.profiling import step_bytes, step_flops
+from course_lib.profiling.roofline import Ceilings, measure_bandwidth, measure_matmul_flops
 from course_lib.profiling.loadtest import synthetic_prompt_ids
 from course_lib.profiling.memory import weight_bytes
 
@@ -255,34 +256,37 @@ def main() -> None:
 
     results: list[Result] = []
     ceilings = {}
-    bandwidth = measure_ceilings(device, torch.float32).bandwidth  # bytes move at the same speed in any dtype
+    bandwidth = measure_bandwidth(device, torch.float32)  # bytes move at the same speed in any dtype
+
+    def ceilings_for(fdtype: torch.dtype) -> Ceilings:
+        if fdtype not in ceilings:
+            c = ceilings[fdtype] = Ceilings(measure_matmul_flops(device, fdtype), bandwidth, str(device),
+                                             str(fdtype).removeprefix("torch."))
+            print(f"ceilings {c.dtype}: {c.peak_flops / 1e9:.0f} GFLOP/s matmul, {c.bandwidth / 1e9:.1f} GB/s copy")
+        return ceilings[fdtype]
+
     for precision in precisions:
         fdtype = _float_dtype(precision)
-        if fdtype not in ceilings:
-            ceilings[fdtype] = measure_ceilings(device, fdtype)
-            ceilings[fdtype].bandwidth = bandwidth
-            c = ceilings[fdtype]
-            print(f"ceilings {fdtype}: {c.peak_flops / 1e9:.0f} GFLOP/s matmul, {c.bandwidth / 1e9:.1f} GB/s copy")
         quant = precision if precision in ("int8", "int4") else None
         for fast in (False, True):
             engine = EngineSystem(device, fdtype, quant, fast_path=fast)
             tok, config = engine.llm.tokenizer, engine.model.config
             wbytes = weight_bytes(engine.model)
             print(f"{engine.name} {precision}: weights {wbytes / 1e6:.0f} MB ...", flush=True)
-            results += measure_system(engine, precision, work, tok, config, ceilings[fdtype], wbytes)
+            results += measure_system(engine, precision, work, tok, config, ceilings_for(fdtype), wbytes)
             del engine
             gc.collect()
         if quant is None and not args.no_transformers:
             print(f"transformers {precision} ...", flush=True)
             hf = TransformersSystem(device, fdtype)
-            results += measure_system(hf, precision, work, tok, config, ceilings[fdtype], wbytes)
+            results += measure_system(hf, precision, work, tok, config, ceilings_for(fdtype), wbytes)
             del hf
             gc.collect()
     if importlib.util.find_spec("llama_cpp") is not None and device.type == "cpu":
         print("llama.cpp Q4_1 ...", flush=True)
         peer = LlamaCppSystem(torch.get_num_threads())
         q4_bytes = default_gguf_path().stat().st_size
-        results += measure_system(peer, "Q4_1", work, tok, config, ceilings[torch.float32], q4_bytes)
+        results += measure_system(peer, "Q4_1", work, tok, config, ceilings_for(torch.float32), q4_bytes)
     else:
         print("llama.cpp: not installed (make bench-peers), left out")
 

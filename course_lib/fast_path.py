@@ -4,9 +4,9 @@
     use_fast_path(model)     # per block: q/k/v -> one qkv_proj, gate/up -> one gate_up_proj, fused RMSNorm
 
 `course_lib.model` stays the readable reference. Each class here subclasses one of its modules and
-changes only how `forward` computes the same numbers: one matmul reads the weights of three (or
-two) and writes one output, and the RMSNorm is PyTorch's fused kernel instead of six elementwise
-ops. `tests/test_fast_path.py` checks logits and greedy tokens against the reference model.
+changes only how it computes the same numbers (for attention, only `project_qkv`): one matmul reads
+the weights of three (or two) and writes one output, and the RMSNorm is PyTorch's fused kernel
+instead of six elementwise ops. `tests/test_fast_path.py` checks logits and greedy tokens against the reference model.
 The separate projections are removed (not kept as copies), so a fused model holds no extra
 memory; code that reads `q_proj` by name (the early chapters) uses the reference model.
 """
@@ -16,8 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import AttentionBackend, causal_attention
-from .model import MLP, Attention, RMSNorm, Transformer, apply_rope
+from .model import MLP, Attention, RMSNorm, Transformer
 
 
 class FusedRMSNorm(RMSNorm):
@@ -30,16 +29,12 @@ class FusedRMSNorm(RMSNorm):
 class FusedAttention(Attention):
     """Attention whose q, k and v come from one matmul with the three weights stacked: [q + 2 kv, hidden]."""
 
-    def forward(self, x, cos, sin, kv: AttentionBackend | None = None) -> torch.Tensor:
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(B, T, self.num_heads, self.head_dim)  # [batch, seq, heads, head_dim]
-        k = k.view(B, T, self.num_kv_heads, self.head_dim)  # [batch, seq, kv_heads, head_dim]
-        v = v.view(B, T, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = causal_attention(q, k, v) if kv is None else kv.attend(self.layer_idx, q, k, v)
-        return self.o_proj(out.reshape(B, T, q_size))
+        return (q.view(B, T, self.num_heads, self.head_dim), k.view(B, T, self.num_kv_heads, self.head_dim),
+                v.view(B, T, self.num_kv_heads, self.head_dim))
 
 
 class FusedMLP(MLP):
@@ -80,7 +75,3 @@ def use_fast_path(model: Transformer) -> Transformer:
         model.norm.__class__ = FusedRMSNorm
     return model
 
-
-def is_fast(model: Transformer) -> bool:
-    """True when `use_fast_path` has turned the model's blocks into their fused twins."""
-    return all(isinstance(block.self_attn, FusedAttention) for block in model.layers)

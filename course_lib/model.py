@@ -96,15 +96,21 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, kv: AttentionBackend | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # [batch, seq, heads, head_dim]
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [batch, seq, kv_heads, head_dim]
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        q, k, v = self.project_qkv(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv is None:
             out = causal_attention(q, k, v)
         else:
             out = kv.attend(self.layer_idx, q, k, v)  # stores k, v; attends over all cached keys
         return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [batch, seq, hidden] -> q [batch, seq, heads, head_dim], k and v [batch, seq, kv_heads, head_dim]."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        return q, k, v
 
 
 class MLP(nn.Module):

@@ -74,3 +74,18 @@ def test_process_memory_cuda_counters():
     x = torch.empty(2 ** 20, device="cuda")
     m = process_memory("cuda")
     assert m["cuda_allocated"] >= x.nbytes and m["cuda_max_allocated"] >= m["cuda_allocated"]
+
+
+def test_peak_memory_counts_what_is_alive_at_once():
+    from course_lib.profiling.memory import PeakMemory
+
+    x = torch.ones(1024)  # created outside: not counted
+    with PeakMemory() as pm:
+        a = x * 2  # 4 KiB
+        b = a.view(32, 32)  # a view: no new memory
+        a.add_(1)  # in place: no new memory
+        c = torch.empty(2048)  # 8 KiB: 12 KiB alive
+        del a, b, c
+        d = torch.empty(512)  # 2 KiB after 12 KiB were freed
+    assert pm.peak == 12 * 1024 and pm.live == 2 * 1024
+    del d

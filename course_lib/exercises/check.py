@@ -12,7 +12,8 @@ class Case:
 
     description: str
     args: tuple
-    verify: Callable[[Any], None]  # raises AssertionError with a message a learner can act on
+    verify: Callable[[Any], None]  # raises AssertionError with a message a learner can act on; any other
+    # exception means the returned value could not be read, and fails the case too
 
 
 def run_checks(name: str, fn: Callable, cases: list[Case]) -> bool:
@@ -32,6 +33,11 @@ def run_checks(name: str, fn: Callable, cases: list[Case]) -> bool:
             case.verify(result)
         except AssertionError as e:
             print(f"✗ {case.description}: {e}")
+            continue
+        except Exception as e:  # noqa: BLE001 - an odd return value (a str where a list belongs) fails its case
+            shown = repr(result)
+            shown = shown if len(shown) <= 120 else shown[:117] + "..."
+            print(f"✗ {case.description}: could not read the returned value {shown}: {type(e).__name__}: {e}")
             continue
         passed += 1
         print(f"✓ {case.description}")

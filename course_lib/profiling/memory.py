@@ -11,12 +11,15 @@ The KV term is why serving runs out of memory long before the weights do: an 8B 
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Mapping
 
 import pandas as pd
 import psutil
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ..config import ModelConfig
 from ..dtypes import resolve_device, resolve_dtype
@@ -157,3 +160,34 @@ def breakdown_frame(breakdown: Mapping[str, int]) -> pd.DataFrame:
     total = breakdown.get("total") or sum(v for k, v in breakdown.items() if k != "kv_in_use")
     frame["share"] = frame["bytes"] / total
     return frame
+
+
+class PeakMemory(TorchDispatchMode):
+    """Peak bytes of the tensors created inside `with PeakMemory() as pm:`, on any device: `pm.peak`.
+
+    Counts each new storage once (a view or an in-place op reuses its input's) and subtracts it when
+    it is freed. A fused kernel's private scratch (kept on chip, not a tensor) is not counted, which is
+    the point when comparing attention implementations: what each one materialises in memory.
+    """
+
+    def __enter__(self) -> "PeakMemory":
+        self.live = self.peak = 0
+        self._alive: dict[int, weakref.ref] = {}  # storage id -> weak reference that subtracts its bytes when freed
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in inputs | self._alive.keys():
+                storage = t.untyped_storage()
+                self.live += storage.nbytes()
+                self.peak = max(self.peak, self.live)
+                self._alive[id(storage)] = weakref.ref(storage, self._on_free(id(storage), storage.nbytes()))
+        return out
+
+    def _on_free(self, key: int, nbytes: int):
+        def freed(_):
+            self.live -= nbytes
+            self._alive.pop(key, None)
+        return freed
