@@ -80,11 +80,12 @@ def output_lengths(n: int, kind: str, uniform: int, seed: int = 0) -> list[int]:
 class EngineSystem:
     """The engine through its offline API, prefix caching off (every prompt pays for its prefill)."""
 
-    def __init__(self, device, dtype, quantization=None, fast_path=False):
-        self.name = "engine fast" if fast_path else "engine"
+    def __init__(self, device, dtype, quantization=None, fast_path=False, compile_decode=False):
+        self.name = "engine compiled" if compile_decode else "engine fast" if fast_path else "engine"
         self.llm = LLM(device=device, dtype=dtype, quantization=quantization, enable_prefix_caching=False,
-                       fast_path=fast_path)
+                       fast_path=fast_path, compile_decode=compile_decode)
         self.model = self.llm.model
+        self.compile_seconds = self.llm.engine.stats.compile_seconds
 
     def decode(self, prompt: list[int], n: int) -> float:
         """Seconds between the first and the last of n tokens."""
@@ -194,6 +195,9 @@ def measure_system(system, precision: str, work: Workload, tok, config, ceilings
     return results
 
 
+ENGINES = ("engine", "engine fast", "engine compiled")  # reference model; fused model; fused + compiled decode
+
+
 def _float_dtype(precision: str) -> torch.dtype:
     return torch.bfloat16 if precision == "bfloat16" else torch.float32
 
@@ -228,7 +232,7 @@ def ratios(results: list[Result]) -> list[dict]:
     for r in results:
         if r.system.startswith("engine"):
             continue
-        for engine in ("engine", "engine fast"):
+        for engine in ENGINES:
             mine = by.get((engine, r.precision if r.system == "transformers" else "int4", r.metric))
             if mine is None:
                 continue
@@ -244,6 +248,8 @@ def main() -> None:
                     help="comma-separated: float32, bfloat16, int8, int4 (int8/int4: engine only, + llama.cpp)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     ap.add_argument("--quick", action="store_true", help="small sizes: decode 16, prompt 128, concurrency 4")
+    ap.add_argument("--engines", default=",".join(ENGINES),
+                    help=f"comma-separated engine variants to run, of: {', '.join(ENGINES)}")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--json", default=None, help="write every result and ratio to this file")
     args = ap.parse_args()
@@ -268,12 +274,19 @@ def main() -> None:
     for precision in precisions:
         fdtype = _float_dtype(precision)
         quant = precision if precision in ("int8", "int4") else None
-        for fast in (False, True):
-            engine = EngineSystem(device, fdtype, quant, fast_path=fast)
+        for variant in args.engines.split(","):
+            if variant not in ENGINES:
+                raise SystemExit(f"unknown engine variant {variant!r}; choose from {ENGINES}")
+            engine = EngineSystem(device, fdtype, quant, fast_path=variant != "engine",
+                                  compile_decode=variant == "engine compiled")
             tok, config = engine.llm.tokenizer, engine.model.config
             wbytes = weight_bytes(engine.model)
-            print(f"{engine.name} {precision}: weights {wbytes / 1e6:.0f} MB ...", flush=True)
-            results += measure_system(engine, precision, work, tok, config, ceilings_for(fdtype), wbytes)
+            compiled = f", compiled in {engine.compile_seconds:.0f} s" if engine.compile_seconds else ""
+            print(f"{engine.name} {precision}: weights {wbytes / 1e6:.0f} MB{compiled} ...", flush=True)
+            measured = measure_system(engine, precision, work, tok, config, ceilings_for(fdtype), wbytes)
+            for r in measured:
+                r.extra["compile_seconds"] = engine.compile_seconds
+            results += measured
             del engine
             gc.collect()
         if quant is None and not args.no_transformers:

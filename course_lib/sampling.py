@@ -162,6 +162,8 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams], histories: list[list[int]],
                  request_ids: list[str]) -> list[int]:
         """logits [num_seqs, vocab]; histories: prompt + output ids of each sequence (for the penalty)."""
+        if all(p.greedy and p.repetition_penalty == 1.0 for p in params):
+            return logits.argmax(-1).tolist()  # a greedy batch: one argmax over all rows
         tokens = []  # 0-d tensors; one .tolist() at the end is the only device sync
         for row, p, hist, rid in zip(logits, params, histories, request_ids):
             seen = None

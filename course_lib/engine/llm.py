@@ -36,7 +36,10 @@ class LLM:
     name, is the default.
 
     Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free
-    GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len.
+    GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len, and
+    compile_decode: `torch.compile` the decode step when the engine starts (`course_lib.engine.compiled_decode`;
+    1-5 minutes on a 2-core CPU, reported in `llm.engine.stats.compile_seconds`; vLLM compiles by default
+    and turns it off with `enforce_eager=True`). Use it with `fast_path=True`, for benchmarks and serving.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,

@@ -45,6 +45,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
+    compile_decode: bool = False  # torch.compile the decode step at start-up (minutes on a CPU; see compiled_decode)
 
     def __post_init__(self) -> None:
         at_least_1 = lambda v: v >= 1  # noqa: E731
@@ -60,8 +61,9 @@ class EngineConfig:
             self.kv_cache_memory = number("EngineConfig.kv_cache_memory", budget, kind,
                                           at_least_1 if kind is Integral else lambda v: 0 < v <= 1,
                                           "None, bytes (an integer >= 1) or a fraction of free GPU memory in (0, 1]")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise invalid(TypeError, "EngineConfig.enable_prefix_caching", "True or False", self.enable_prefix_caching)
+        for name in ("enable_prefix_caching", "compile_decode"):
+            if not isinstance(getattr(self, name), bool):
+                raise invalid(TypeError, f"EngineConfig.{name}", "True or False", getattr(self, name))
 
     @classmethod
     def from_options(cls, options: dict) -> "EngineConfig":
@@ -89,6 +91,7 @@ class EngineStats:
     prefix_cache_hit_rate: float = 0.0
     blocks_used: int = 0
     blocks_free: int = 0
+    compile_seconds: float = 0.0  # time torch.compile took at start-up (compile_decode=True)
 
 
 class LLMEngine:
@@ -104,7 +107,7 @@ class LLMEngine:
         self.block_manager = BlockManager(kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens),
                                    self.block_manager)
-        self.model_runner = ModelRunner(model, kv_cache)
+        self.model_runner = ModelRunner(model, kv_cache, config.compile_decode)
         limit = min(model.config.max_position_embeddings, kv_cache.num_blocks * config.block_size)
         if config.max_model_len is not None and not 1 <= config.max_model_len <= limit:
             raise ValueError(f"max_model_len must be in [1, {limit}] (the model's context and the KV cache), "
@@ -113,6 +116,8 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self.router = OutputRouter()
         self.stats = EngineStats()
+        if self.model_runner.compiled_decode is not None:
+            self.stats.compile_seconds = self.model_runner.compiled_decode.compile_seconds
         self._ids = itertools.count()
         self._lock = threading.RLock()  # one step, add or abort at a time, whichever thread asks
 

@@ -17,12 +17,22 @@ from .scheduler import ScheduledBatch
 
 
 class ModelRunner:
-    """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`."""
+    """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`.
 
-    def __init__(self, model: Transformer, kv_cache: PagedKVCache):
+    With `compile_decode=True`, steps where every sequence adds one token go through a
+    `CompiledDecodeStep` (compiled here, once); prefill and mixed steps run eagerly.
+    """
+
+    def __init__(self, model: Transformer, kv_cache: PagedKVCache, compile_decode: bool = False):
         self.model = model
         self.kv_cache = kv_cache
         self.sampler = Sampler()
+        self.compiled_decode = None
+        if compile_decode:
+            from .compiled_decode import CompiledDecodeStep
+
+            self.compiled_decode = CompiledDecodeStep(model, kv_cache)
+            self.compiled_decode.warmup()
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[int | None]:
@@ -37,6 +47,14 @@ class ModelRunner:
             samples.append(done)
             if done:
                 logits_index.append(len(ids) - 1)
+        if self.compiled_decode is not None and len(ids) == len(batch.seqs) == len(logits_index):
+            logits = self.compiled_decode(  # every sequence adds one token and samples
+                torch.tensor(ids, device=device), torch.tensor(positions, device=device),
+                [seq.block_table for seq in batch.seqs],
+                torch.tensor([seq.block_table[p // self.kv_cache.block_size] * self.kv_cache.block_size
+                              + p % self.kv_cache.block_size for seq, p in zip(batch.seqs, positions)],
+                             device=device))
+            return self._sample(logits, batch.seqs, samples)
         meta = PagedAttentionMetadata.build(
             block_tables=[seq.block_table for seq in batch.seqs],
             context_lens=[seq.num_computed_tokens + n for seq, n in zip(batch.seqs, batch.num_tokens)],
@@ -45,7 +63,10 @@ class ModelRunner:
         pos = torch.tensor([positions], device=device)  # [1, num_tokens]
         index = torch.tensor(logits_index, device=device, dtype=torch.long)
         logits = self.model(input_ids, pos, kv=PagedAttention(self.kv_cache, meta), logits_index=index)[0]
-        sampling = [seq for seq, s in zip(batch.seqs, samples) if s]  # logits: [num_sampling, vocab]
+        return self._sample(logits, batch.seqs, samples)
+
+    def _sample(self, logits: torch.Tensor, seqs: list, samples: list[bool]) -> list[int | None]:
+        sampling = [seq for seq, s in zip(seqs, samples) if s]  # logits: [num_sampling, vocab]
         tokens = iter(self.sampler(logits, [s.params for s in sampling], [s.token_ids for s in sampling],
                                    [s.request_id for s in sampling]) if sampling else [])
         return [next(tokens) if s else None for s in samples]
