@@ -19,8 +19,8 @@ from .scheduler import ScheduledBatch
 class ModelRunner:
     """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`.
 
-    With `compile_decode=True`, steps where every sequence adds one token go through a
-    `CompiledDecodeStep` (compiled here, once); prefill and mixed steps run eagerly.
+    With `compile_decode=True`, decode steps of one sequence go through a `CompiledDecodeStep`
+    (compiled here, once); prefill, mixed and batched steps run eagerly.
     """
 
     def __init__(self, model: Transformer, kv_cache: PagedKVCache, compile_decode: bool = False):
@@ -47,7 +47,8 @@ class ModelRunner:
             samples.append(done)
             if done:
                 logits_index.append(len(ids) - 1)
-        if self.compiled_decode is not None and len(ids) == len(batch.seqs) == len(logits_index):
+        if (self.compiled_decode is not None and len(ids) == len(batch.seqs) == len(logits_index)
+                and len(ids) <= self.compiled_decode.MAX_SEQS):
             logits = self.compiled_decode(  # every sequence adds one token and samples
                 torch.tensor(ids, device=device), torch.tensor(positions, device=device),
                 [seq.block_table for seq in batch.seqs],
