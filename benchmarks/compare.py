@@ -11,6 +11,8 @@ For each precision it measures, on the default model, greedy with EOS ignored:
 - output tokens/s of 16 and 64 requests submitted at once, with uniform (64 tokens each) and long-tailed
   (log-normal around 24, clipped to [8, 128]) output lengths. `transformers` runs them as one padded batch
   and keeps computing for finished rows until the longest is done; only the tokens asked for are counted.
+Engine variants (`--engines`): "engine" (the reference model), "engine fast" (`fast_path=True`), "engine compiled"
+(`fast_path=True, compile_decode=True`; its compile time is printed and kept in the JSON).
 Peers: `transformers` `generate` in float32 and bfloat16 on the same device; llama.cpp through
 `llama-cpp-python` on the very same Q4_1 GGUF file, when installed (`make bench-peers`).
 Times are medians of `--repeats` runs after a warm-up. Each ratio is engine / peer (higher is better).
