@@ -6,10 +6,16 @@ import time
 import pytest
 import torch
 
-from course_lib.attention.paged import PagedKVCache, paged_decode_attention, store_kvcache
+from course_lib.attention.paged import (
+    PagedAttention,
+    PagedAttentionMetadata,
+    PagedKVCache,
+    paged_decode_attention,
+    store_kvcache,
+)
 from course_lib.config import ModelConfig
 from course_lib.engine.llm_engine import EngineConfig, LLMEngine
-from course_lib.engine.compiled_decode import CompiledDecodeStep, DecodeStepAttention, decode_attention
+from course_lib.engine.compiled_decode import decode_attention, decode_step
 from course_lib.fast_path import use_fast_path
 from course_lib.model import Transformer
 from course_lib.sampling import SamplingParams
@@ -49,19 +55,16 @@ def tiny_model(dtype=torch.float32) -> Transformer:
 
 
 def test_uncompiled_decode_step_matches_paged_forward():
-    """DecodeStepAttention traced by hand (no compile) gives the engine's eager logits and K/V."""
+    """The function that gets compiled, run eagerly, gives the engine's eager logits and K/V."""
     model = use_fast_path(tiny_model(torch.float64))
     cache = PagedKVCache(model.config, num_blocks=16, block_size=4, dtype=torch.float64)
-    step = CompiledDecodeStep.__new__(CompiledDecodeStep)  # its forward, without torch.compile
-    step.model, step.kv_cache = model, cache
     torch.manual_seed(1)
     cache.k_cache.normal_()
     cache.v_cache.normal_()
     ids, positions = torch.tensor([5, 17, 300]), torch.tensor([0, 5, 9])  # tokens cached before each
     tables = torch.tensor([[3, 0, 0], [1, 7, 0], [2, 9, 11]])
-    logits, new_k, new_v = step._forward(ids, positions, tables, positions.to(torch.int32))
+    logits, new_k, new_v = decode_step(model, cache, ids, positions, tables, positions.to(torch.int32))
 
-    from course_lib.attention.paged import PagedAttention, PagedAttentionMetadata
     eager_cache = PagedKVCache(model.config, num_blocks=16, block_size=4, dtype=torch.float64)
     eager_cache.k_cache.copy_(cache.k_cache)
     eager_cache.v_cache.copy_(cache.v_cache)
@@ -99,6 +102,6 @@ def test_compiled_engine_greedy_equals_eager_engine(tokenizer):
     assert engine.block_manager.num_used_blocks == 0
 
 
-def test_compile_decode_option_checked(tokenizer):
+def test_compile_decode_option_checked():
     with pytest.raises(TypeError, match="compile_decode"):
         EngineConfig(compile_decode="yes")

@@ -129,7 +129,7 @@ class PagedAttentionMetadata:
                 raise ValueError(f"need 0 <= query_len <= context_len <= blocks * block_size, "
                                  f"got query_len {q}, context_len {ctx}, {len(table)} blocks of {block_size}")
             query_start_loc.append(query_start_loc[-1] + q)
-            slots += [table[p // block_size] * block_size + p % block_size for p in range(ctx - q, ctx)]
+            slots += slots_for(table, range(ctx - q, ctx), block_size)
         if slot_mapping is not None:
             if len(slot_mapping) < query_start_loc[-1]:
                 raise ValueError(f"slot_mapping has {len(slot_mapping)} slots for {query_start_loc[-1]} tokens")
@@ -146,6 +146,11 @@ class PagedAttentionMetadata:
             context_lens_cpu=list(context_lens),
             query_start_loc_cpu=query_start_loc,
         )
+
+
+def slots_for(block_table: list[int], positions, block_size: int) -> list[int]:
+    """Flat cache slot of each position of one sequence: its block's id * block_size + the offset in it."""
+    return [block_table[p // block_size] * block_size + p % block_size for p in positions]
 
 
 def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,

@@ -1,4 +1,4 @@
-"""A compiled decode step: one `torch.compile`d graph for the steps where every sequence adds one token.
+"""A compiled decode step: one `torch.compile`d graph for a step where each sequence adds one token.
 
 Eager PyTorch pays Python and dispatch time for each of the ~40 small ops of a layer. On a 2-core CPU
 that is ~10 ms of a ~35 ms float32 decode step of the default model, whose matmuls alone take ~20 ms.
@@ -24,6 +24,7 @@ against 1.07-1.27x eager), so only steps of `MAX_SEQS` sequences use it.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -74,8 +75,17 @@ class DecodeStepAttention:
         pass
 
 
+def decode_step(model: Transformer, kv_cache: PagedKVCache, input_ids: torch.Tensor, positions: torch.Tensor,
+                block_tables: torch.Tensor, cached_lens: torch.Tensor):
+    """The function `CompiledDecodeStep` compiles: input_ids, positions, cached_lens [n], block_tables [n, blocks]
+    -> logits [n, vocab], new_k and new_v [layers, n, kv_heads, head_dim]. Reads the cache, writes nothing."""
+    attn = DecodeStepAttention(kv_cache, block_tables, cached_lens)
+    logits = model(input_ids[None], positions[None], kv=attn)[0]  # [n, vocab]
+    return logits, torch.stack(attn.new_k), torch.stack(attn.new_v)
+
+
 class CompiledDecodeStep:
-    """The model's decode step through `torch.compile`, compiled once by `warmup()`; call it like `run_decode`."""
+    """`decode_step` through `torch.compile`, compiled once by `warmup()`, plus the K/V store after it."""
 
     MAX_SEQS = 1  # steps with more sequences run eagerly (see the module docstring)
     MIN_BLOCKS = 2  # tables are padded to >= 2 columns: a size of 1 would make torch.compile build another graph
@@ -87,14 +97,9 @@ class CompiledDecodeStep:
             # freezing prepacks the weights for oneDNN: it pays in bfloat16 (AMX); in float32 it was
             # measured level (batch 1: 26.9 vs 26.2 ms a step; 16 sequences: 193 vs 187 tok/s).
             options = {"cpp_wrapper": True, "freezing": model.dtype != torch.float32}
-        self._step = torch.compile(self._forward, dynamic=True, options=options)
+        self._step = torch.compile(functools.partial(decode_step, model, kv_cache), dynamic=True, options=options)
         self.compile_seconds = 0.0
         self.steps = 0  # decode steps run through the compiled graph
-
-    def _forward(self, input_ids, positions, block_tables, cached_lens):
-        attn = DecodeStepAttention(self.kv_cache, block_tables, cached_lens)
-        logits = self.model(input_ids[None], positions[None], kv=attn)[0]  # [n, vocab]
-        return logits, torch.stack(attn.new_k), torch.stack(attn.new_v)
 
     @torch.inference_mode()
     def warmup(self) -> float:
@@ -102,12 +107,11 @@ class CompiledDecodeStep:
 
         Returns the seconds it took, also kept in `compile_seconds`. Writes nothing to the cache.
         """
-        t = time.perf_counter()
-        for n, blocks in ((1, 2), (1, 3)):
-            device = self.model.device
-            self._step(torch.zeros(n, dtype=torch.long, device=device), torch.full((n,), 5, device=device),
-                       torch.zeros(n, blocks, dtype=torch.long, device=device),
-                       torch.full((n,), 5, dtype=torch.int32, device=device))
+        device, t = self.model.device, time.perf_counter()
+        for blocks in (2, 3):
+            self._step(torch.zeros(1, dtype=torch.long, device=device), torch.full((1,), 5, device=device),
+                       torch.zeros(1, blocks, dtype=torch.long, device=device),
+                       torch.full((1,), 5, dtype=torch.int32, device=device))
         self.compile_seconds += time.perf_counter() - t
         return self.compile_seconds
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from ..attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache, slots_for
 from ..model import Transformer
 from ..sampling import Sampler
 from .scheduler import ScheduledBatch
@@ -49,12 +49,11 @@ class ModelRunner:
                 logits_index.append(len(ids) - 1)
         if (self.compiled_decode is not None and len(ids) == len(batch.seqs) == len(logits_index)
                 and len(ids) <= self.compiled_decode.MAX_SEQS):
+            slots = [slots_for(seq.block_table, [p], self.kv_cache.block_size)[0]
+                     for seq, p in zip(batch.seqs, positions)]
             logits = self.compiled_decode(  # every sequence adds one token and samples
                 torch.tensor(ids, device=device), torch.tensor(positions, device=device),
-                [seq.block_table for seq in batch.seqs],
-                torch.tensor([seq.block_table[p // self.kv_cache.block_size] * self.kv_cache.block_size
-                              + p % self.kv_cache.block_size for seq, p in zip(batch.seqs, positions)],
-                             device=device))
+                [seq.block_table for seq in batch.seqs], torch.tensor(slots, device=device))
             return self._sample(logits, batch.seqs, samples)
         meta = PagedAttentionMetadata.build(
             block_tables=[seq.block_table for seq in batch.seqs],
