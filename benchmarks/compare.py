@@ -14,7 +14,8 @@ For each precision it measures, on the default model, greedy with EOS ignored:
 Engine variants (`--engines`): "engine" (the reference model), "engine fast" (`fast_path=True`), "engine compiled"
 (`fast_path=True, compile_decode=True`; its compile time is printed and kept in the JSON).
 Peers: `transformers` `generate` in float32 and bfloat16 on the same device; llama.cpp through
-`llama-cpp-python` on the very same Q4_1 GGUF file, when installed (`make bench-peers`).
+`llama-cpp-python` on the very same Q4_1 GGUF file, when installed (`make bench-peers`). INT8 and INT4
+rows keep everything that is not a quantized linear layer in bfloat16.
 Times are medians of `--repeats` runs after a warm-up. Each ratio is engine / peer (higher is better).
 """
 from __future__ import annotations
@@ -138,33 +139,66 @@ class TransformersSystem:
 
 
 class LlamaCppSystem:
-    """llama.cpp on the same GGUF file, one request at a time (llama-cpp-python's high-level API)."""
+    """llama.cpp on the same GGUF file, one request at a time (llama-cpp-python's high-level API).
+
+    Two instances. Decode runs with llama.cpp's "extra buffer types" (on AMX Xeons an AMX repack of
+    the Q4_1 weights: measured 240 against 115 tok/s without it), fed one token per batch, because
+    that AMX matmul segfaults on multi-token batches (seen here with llama-cpp-python 0.3.36;
+    llama.cpp issue #20824). TTFT runs without them, the prompt in one batch of up to 512 tokens.
+    """
 
     name = "llama.cpp"
 
     def __init__(self, threads: int):
-        from llama_cpp import Llama
+        self.llm = _llama(threads, n_batch=1, extra_buffers=True)  # decode
+        self.prefill_llm = _llama(threads, n_batch=512, extra_buffers=False)  # TTFT
+        eos = self.llm.token_eos()
+        from llama_cpp import LogitsProcessorList
 
-        self.llm = Llama(model_path=str(default_gguf_path()), n_ctx=2048, n_batch=512, n_threads=threads,
-                         n_threads_batch=threads, verbose=False)
-        self.no_eos = {self.llm.token_eos(): -float("inf")}
+        self.no_eos = LogitsProcessorList([lambda ids, scores: _banned(scores, eos)])
 
-    def _run(self, prompt: list[int], n: int) -> tuple[float, float, int]:
-        self.llm.reset()  # no reuse of the previous prompt's KV cache
+    def _run(self, llm, prompt: list[int], n: int) -> tuple[float, float, int]:
+        """(seconds to the first token, seconds from the first to the n-th, tokens made), greedy."""
+        llm.reset()  # no reuse of the previous prompt's KV cache
         t0, first, count = time.perf_counter(), None, 0
-        for _ in self.llm.create_completion(prompt, max_tokens=n, temperature=0.0, logit_bias=self.no_eos,
-                                            stream=True):
+        for _ in llm.generate(prompt, temp=0.0, logits_processor=self.no_eos):
             count += 1
             first = first or time.perf_counter()
+            if count == n:
+                break
         return first - t0, time.perf_counter() - first, count
 
     def decode(self, prompt: list[int], n: int) -> float:
-        _, rest, count = self._run(prompt, n)
+        _, rest, count = self._run(self.llm, prompt, n)
         assert count == n, f"llama.cpp produced {count} of {n} tokens"
         return rest
 
     def ttft(self, prompt: list[int]) -> None:
-        self._run(prompt, 1)
+        self._run(self.prefill_llm, prompt, 1)
+
+
+def _llama(threads: int, n_batch: int, extra_buffers: bool):
+    import llama_cpp.llama_cpp as lib
+    from llama_cpp import Llama
+
+    default_params = lib.llama_model_default_params  # Llama() has no option for extra buffer types
+
+    def params():
+        p = default_params()
+        p.use_extra_bufts = extra_buffers
+        return p
+
+    lib.llama_model_default_params = params
+    try:
+        return Llama(model_path=str(default_gguf_path()), n_ctx=2048, n_batch=n_batch, n_ubatch=n_batch,
+                     n_threads=threads, n_threads_batch=threads, verbose=False)
+    finally:
+        lib.llama_model_default_params = default_params
+
+
+def _banned(scores: np.ndarray, token: int) -> np.ndarray:
+    scores[token] = -np.inf
+    return scores
 
 
 def measure_system(system, precision: str, work: Workload, tok, config, ceilings, wbytes: int) -> list[Result]:
@@ -201,7 +235,9 @@ ENGINES = ("engine", "engine fast", "engine compiled")  # reference model; fused
 
 
 def _float_dtype(precision: str) -> torch.dtype:
-    return torch.bfloat16 if precision == "bfloat16" else torch.float32
+    """The model's float dtype: INT8/INT4 layers compute in bfloat16 on the CPU, so their rows keep the
+    embeddings, norms and float lm_head in bfloat16 too (57 MB instead of 113 MB read a token)."""
+    return torch.float32 if precision == "float32" else torch.bfloat16
 
 
 def print_table(results: list[Result]) -> None:

@@ -2,6 +2,7 @@
 
     model = load_model(...)
     use_fast_path(model)     # per block: q/k/v -> one qkv_proj, gate/up -> one gate_up_proj, fused RMSNorm
+    pack_linears(model)      # bfloat16 on the CPU: weights laid out once for oneDNN (last, for serving)
 
 `course_lib.model` stays the readable reference. Each class here subclasses one of its modules and
 changes only how it computes the same numbers (for attention, only `project_qkv`): one matmul reads
@@ -43,6 +44,53 @@ class FusedMLP(MLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+
+class PackedLinear(nn.Module):
+    """An `nn.Linear` whose weight oneDNN has re-laid-out once for the CPU's matrix units (AMX, AVX-512).
+
+    The same product as `F.linear` (bit-identical in bfloat16 on the machines measured here), with
+    no re-layout of the weight inside every call. Measured with torch 2.13 on a 2-core Xeon with AMX,
+    all 30 layers of the default model in bfloat16: 17.5 -> 13.6 ms for 1 row, 18.6 -> 11.6 ms for
+    16 rows, 25.6 -> 15.8 ms for 64 rows. In float32 it was slower for one row, so `pack_linears`
+    leaves float32 alone. The packed weight is an opaque oneDNN tensor: it cannot be saved, moved
+    to another device or read back, so pack last (after fusing and quantizing), for serving only.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)  # [out, in], opaque
+        self.register_buffer("packed_weight", packed, persistent=False)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def can_pack(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """True where `PackedLinear` pays: half-precision weights on a CPU whose oneDNN has bf16/fp16 kernels."""
+    if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()
+
+
+def pack_linears(model: Transformer) -> Transformer:
+    """Swap every plain `nn.Linear` of `model` (the lm_head included) for a `PackedLinear`, in place.
+
+    Only where `can_pack` holds for the model's device and dtype; elsewhere the model is returned
+    unchanged. Quantized layers are left as they are. A tied lm_head gets its own packed copy of
+    the embedding matrix (57 MB for the default model in bfloat16).
+    """
+    if not can_pack(model.device, model.dtype):
+        return model
+    for name, module in list(model.named_modules()):
+        if type(module) is nn.Linear:
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, PackedLinear(module))
+    return model
 
 
 def stack_linears(linears: list[nn.Linear]) -> nn.Linear:

@@ -8,9 +8,13 @@ import torch
 
 from course_lib import LLM, SamplingParams
 from course_lib.config import ModelConfig
-from course_lib.fast_path import FusedAttention, FusedMLP, use_fast_path
+from course_lib.fast_path import FusedAttention, FusedMLP, PackedLinear, can_pack, pack_linears, use_fast_path
 from course_lib.kv_cache import KVCache
 from course_lib.model import Transformer
+from course_lib.profiling.memory import weight_bytes
+
+needs_bf16_packing = pytest.mark.skipif(not can_pack("cpu", torch.bfloat16),
+                                        reason="this CPU's oneDNN has no bfloat16 kernels")
 
 
 def tiny(attention_bias: bool = False) -> Transformer:
@@ -58,3 +62,47 @@ def test_engine_fast_path_greedy_equals_reference(llm):
 def test_fast_path_option_checked():
     with pytest.raises(TypeError, match="fast_path"):
         LLM(device="cpu", fast_path="yes")
+
+
+@needs_bf16_packing
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_linear(bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96, bias=bias).to(torch.bfloat16)
+    packed = PackedLinear(linear)
+    for shape in [(1, 64), (16, 64), (2, 5, 64), (0, 64)]:  # one row, a batch, [batch, seq, hidden], no rows
+        x = torch.randn(shape, dtype=torch.bfloat16)
+        torch.testing.assert_close(packed(x), linear(x), rtol=1e-2, atol=1e-2)  # within bfloat16 rounding
+    assert "packed_weight" not in packed.state_dict()  # opaque: never saved
+
+
+def test_pack_linears_only_in_half_precision_on_the_cpu():
+    model = use_fast_path(tiny())  # float64: left alone
+    assert pack_linears(model) is model and type(model.lm_head) is torch.nn.Linear
+    assert not can_pack("cpu", torch.float32) and not can_pack("meta", torch.bfloat16)
+
+
+@needs_bf16_packing
+def test_packed_model_matches_fused_model():
+    fused = use_fast_path(tiny()).to(torch.bfloat16)
+    packed = pack_linears(copy.deepcopy(fused))
+    linears = [m for m in packed.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == [] and isinstance(packed.lm_head, PackedLinear)
+    assert weight_bytes(packed) == weight_bytes(fused)  # each weight replaced, not copied (lm_head is untied here)
+    ids = torch.randint(0, 97, (2, 17))
+    torch.testing.assert_close(packed(ids).float(), fused(ids).float(), rtol=0.05, atol=0.05)
+
+
+@needs_bf16_packing
+def test_bfloat16_engine_packs_and_keeps_its_greedy_tokens():
+    from course_lib.engine.llm_engine import EngineConfig, LLMEngine
+    from course_lib.loading import load_model
+
+    fast = LLM(device="cpu", dtype="bfloat16", fast_path=True)
+    assert isinstance(fast.model.lm_head, PackedLinear)
+    unpacked = LLMEngine(use_fast_path(load_model(device="cpu", dtype=torch.bfloat16)), fast.tokenizer, EngineConfig())
+    prompts = ["The capital of France is", "1, 2, 3, 4,"]
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    ids = unpacked.add_requests([fast.tokenizer.encode(p) for p in prompts], [params] * 2)
+    want = {o.request_id: o.outputs[0].token_ids for o in unpacked.outputs(ids) if o.finished}
+    assert [o.outputs[0].token_ids for o in fast.generate(prompts, params)] == [want[i] for i in ids]

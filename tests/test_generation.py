@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from course_lib import SamplingParams
-from course_lib.sampling import min_p_filter, top_k_filter, top_p_filter, apply_repetition_penalty, sample_from_probs
+from course_lib.sampling import Sampler, min_p_filter, top_k_filter, top_p_filter, apply_repetition_penalty, sample_from_probs
 
 CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
 
@@ -95,3 +95,15 @@ def test_top_p_matches_transformers_on_real_logits(model, tokenizer):
         ours = torch.isfinite(top_p_filter(logits, p))
         ref = torch.isfinite(TopPLogitsWarper(p)(ids, logits.clone()))
         assert torch.equal(ours, ref), p
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_batch_takes_the_first_of_tied_maxima(dtype):
+    """The greedy batch path (one max over all rows) picks what argmax picks, ties included."""
+    logits = (torch.randn(8, 500, generator=torch.Generator().manual_seed(0)) * 2).round().to(dtype)
+    logits[3, [7, 40, 41]] = logits[3].max() + 1  # a three-way tie: token 7 wins
+    greedy = [SamplingParams(temperature=0)] * 8
+    got = Sampler()(logits, greedy, [[]] * 8, [f"r{i}" for i in range(8)])
+    assert got == logits.argmax(-1).tolist() and got[3] == 7
+    mixed = greedy[:7] + [SamplingParams(temperature=0, repetition_penalty=1.0 + 1e-9)]  # per-row path
+    assert Sampler()(logits, mixed, [[]] * 8, [f"r{i}" for i in range(8)]) == got

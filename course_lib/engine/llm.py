@@ -32,7 +32,7 @@ class LLM:
     by 128 was measured to raise its perplexity 1.5-2.4x (benchmarks/quantization.py).
 
     `fast_path=True` runs the fused twin of the model (`course_lib.fast_path`: one matmul for q/k/v,
-    one for gate/up, fused RMSNorm); the reference model, whose modules the early chapters read by
+    one for gate/up, fused RMSNorm, and in bfloat16 on the CPU weights packed for oneDNN); the reference model, whose modules the early chapters read by
     name, is the default.
 
     Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free
@@ -65,6 +65,10 @@ class LLM:
             from ..quant import quantize_model
 
             quantize_model(self.model, quantization, group_size=group_size)
+        if fast_path and not engine_config.compile_decode:  # torch.compile cannot lower packed weights;
+            from ..fast_path import pack_linears              # it packs its own (freezing) in bfloat16
+
+            pack_linears(self.model)  # last: bfloat16 on the CPU gets oneDNN-packed weights
         self.config = self.model.config
         self.engine = LLMEngine(self.model, self.tokenizer, engine_config)
 

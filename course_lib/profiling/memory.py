@@ -52,11 +52,15 @@ def as_model_config(config: ConfigLike) -> ModelConfig:
 
 
 def weight_bytes(module: nn.Module) -> int:
-    """Bytes of a module's parameters and buffers, each shared (tied) tensor counted once."""
+    """Bytes of a module's parameters and buffers, each shared (tied) tensor counted once.
+
+    A oneDNN-packed weight (`course_lib.fast_path.PackedLinear`) has no storage to read: it counts
+    as its logical size, shared with nothing."""
     seen: set[tuple[int, int]] = set()
     total = 0
     for t in [*module.parameters(), *module.buffers()]:
-        key = (t.untyped_storage().data_ptr(), t.storage_offset()) if t.device.type != "meta" else (id(t), 0)
+        opaque = t.device.type == "meta" or t.is_mkldnn
+        key = (id(t), 0) if opaque else (t.untyped_storage().data_ptr(), t.storage_offset())
         if key not in seen:
             seen.add(key)
             total += t.numel() * t.element_size()
