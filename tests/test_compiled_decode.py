@@ -102,6 +102,7 @@ def test_compiled_engine_greedy_equals_eager_engine(tokenizer):
     assert engine.block_manager.num_used_blocks == 0
 
 
-def test_compile_decode_option_checked():
-    with pytest.raises(TypeError, match="compile_decode"):
-        EngineConfig(compile_decode="yes")
+@pytest.mark.parametrize("option", ["compile_decode", "cpp_decode_attention"])
+def test_engine_speed_options_checked(option):
+    with pytest.raises(TypeError, match=option):
+        EngineConfig(**{option: "yes"})

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from course_lib.attention import reference_attention
+from course_lib.attention import cpu_paged, reference_attention
 from course_lib.attention.paged import (
     PagedAttention,
     PagedAttentionMetadata,
@@ -64,7 +64,8 @@ def test_kv_cache_sizing():
         PagedKVCache.num_blocks_for_memory(cfg, per_block - 1, block_size=4)
 
 
-def run_layer(seqs: list[tuple[int, int]], block_size: int = 4, num_blocks: int = 24, seed: int = 0):
+def run_layer(seqs: list[tuple[int, int]], block_size: int = 4, num_blocks: int = 24, seed: int = 0,
+              use_cpp: bool = False):
     """One attention layer over a packed step. seqs: (context_len, query_len) per sequence.
 
     Writes each sequence's earlier tokens into the cache first (as earlier steps would have), then
@@ -84,7 +85,9 @@ def run_layer(seqs: list[tuple[int, int]], block_size: int = 4, num_blocks: int 
                                               torch.cat([v[:, :p] for (_, _, v), p in zip(full, past)], 1))
     md = PagedAttentionMetadata.build(tables, [c for c, _ in seqs], [q for _, q in seqs], block_size)
     new = [tuple(t[:, p:] for t in qkv) for qkv, p in zip(full, past)]
-    out = PagedAttention(cache, md).attend(0, *(torch.cat([n[i] for n in new], dim=1) for i in range(3)))
+    backend = PagedAttention(cache, md, use_cpp=use_cpp)
+    assert backend.use_cpp == use_cpp
+    out = backend.attend(0, *(torch.cat([n[i] for n in new], dim=1) for i in range(3)))
     expected = torch.cat([reference_attention(*qkv)[0][:, p:] for qkv, p in zip(full, past)], dim=1)
     return out, expected, cache, tables, [k for _, k, _ in full]
 
@@ -145,6 +148,27 @@ def test_paged_decode_attention_matches_reference():
 
 TRITON_CASES = [dict(), dict(heads=4, kv_heads=4), dict(heads=8, kv_heads=1, head_dim=16, block_size=16,
                 context_lens=(3, 40, 17)), dict(heads=6, kv_heads=2, head_dim=12, block_size=3, context_lens=(7, 1, 9))]
+
+
+needs_cpp = pytest.mark.skipif(not cpu_paged.available(), reason="the C++ kernel cannot be built here")
+
+
+@needs_cpp
+@pytest.mark.parametrize("case", TRITON_CASES)
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_cpp_decode_kernel_matches_torch(case, dtype, atol):
+    q, k, v, bt, cl = random_decode_case("cpu", dtype, **case)
+    want = paged_decode_attention(q.double(), k.double(), v.double(), bt, cl)
+    got = cpu_paged.cpu_paged_decode_attention(q, k, v, bt, cl)
+    assert got.dtype == dtype and got.shape == want.shape
+    torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
+
+
+@needs_cpp
+def test_cpp_kernel_in_the_backend_decode_and_mixed_steps():
+    for seqs in ([(5, 1), (17, 1), (2, 1)], [(7, 7), (13, 5), (10, 1), (1, 1), (9, 4)]):  # decode only; mixed
+        out, expected, *_ = run_layer(seqs, use_cpp=True)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
 def check_triton_against_torch(device: str, dtype: torch.dtype = torch.float32, atol: float = 1e-3) -> float:

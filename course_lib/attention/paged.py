@@ -14,7 +14,8 @@ Token t's K/V go to flat slot `slot_mapping[t] = block_id * block_size + offset`
 attends its queries over its first `context_lens[i]` cached tokens, found through `block_tables[i]`;
 its j-th query sits at position `context_lens[i] - num_queries + j` (causal). Rows with one query
 (decodes) are batched in `paged_decode_attention`, the PyTorch twin of the Triton kernel in
-`course_lib.attention.triton_paged`, which the backend uses on CUDA.
+`course_lib.attention.triton_paged`, which the backend uses on CUDA, and of the C++ kernel in
+`course_lib.attention.cpu_paged`, which it uses on the CPU when asked (`use_cpp=True`).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..dtypes import resolve_dtype
-from . import causal_attention
+from . import causal_attention, cpu_paged
 
 
 class PagedKVCache:
@@ -212,12 +213,14 @@ class PagedAttention:
 
     Pass it as `Transformer.forward(input_ids [1, num_tokens], positions [1, num_tokens], kv=...)`.
     `use_triton=None` picks the Triton decode kernel on CUDA (when installed) and PyTorch elsewhere.
+    `use_cpp=True` runs decode rows on the CPU through the C++ kernel (`cpu_paged`) where it builds.
     """
 
     def __init__(self, kv_cache: PagedKVCache, attn_metadata: PagedAttentionMetadata,
-                 use_triton: bool | None = None):
+                 use_triton: bool | None = None, use_cpp: bool = False):
         self.kv_cache, self.attn_metadata = kv_cache, attn_metadata
         self.use_triton = triton_available(kv_cache.device) if use_triton is None else use_triton
+        self.use_cpp = use_cpp and kv_cache.device.type == "cpu" and cpu_paged.available()
         md, device = attn_metadata, kv_cache.device
         qsl = md.query_start_loc_cpu
         query_lens = [qsl[i + 1] - qsl[i] for i in range(md.num_seqs)]
@@ -284,6 +287,8 @@ class PagedAttention:
             from .triton_paged import triton_paged_decode_attention
 
             return triton_paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens)
+        if self.use_cpp:
+            return cpu_paged.cpu_paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens)
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len)
 
     def advance(self, num_tokens: int) -> None:

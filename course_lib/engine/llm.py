@@ -32,11 +32,13 @@ class LLM:
     by 128 was measured to raise its perplexity 1.5-2.4x (benchmarks/quantization.py).
 
     `fast_path=True` runs the fused twin of the model (`course_lib.fast_path`: one matmul for q/k/v,
-    one for gate/up, fused RMSNorm, and in bfloat16 on the CPU weights packed for oneDNN); the reference model, whose modules the early chapters read by
-    name, is the default.
+    one for gate/up, fused RMSNorm; in bfloat16 on the CPU, weights packed for oneDNN) and, on the
+    CPU, decode attention through the C++ kernel (engine option `cpp_decode_attention`). The
+    reference model, whose modules the early chapters read by name, is the default.
 
     Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free
-    GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len, and
+    GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len,
+    cpp_decode_attention, and
     compile_decode: `torch.compile` the decode step when the engine starts (`course_lib.engine.compiled_decode`;
     1-5 minutes on a 2-core CPU, reported in `llm.engine.stats.compile_seconds`; vLLM compiles by default
     and turns it off with `enforce_eager=True`). Use it with `fast_path=True`, for benchmarks and serving.
@@ -45,6 +47,8 @@ class LLM:
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: torch.dtype | str | None = None, quantization: str | None = None,
                  group_size: int = 32, fast_path: bool = False, **engine_args):
+        if fast_path is True:
+            engine_args.setdefault("cpp_decode_attention", True)
         engine_config = EngineConfig.from_options(engine_args)  # a misspelled option fails before the model loads
         if quantization is not None:
             from ..quant.linear import METHODS

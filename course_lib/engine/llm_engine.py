@@ -46,6 +46,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     compile_decode: bool = False  # torch.compile the decode step at start-up (minutes on a CPU; see compiled_decode)
+    cpp_decode_attention: bool = False  # on the CPU, decode attention through the C++ kernel (attention/cpu_paged.py)
 
     def __post_init__(self) -> None:
         at_least_1 = lambda v: v >= 1  # noqa: E731
@@ -61,7 +62,7 @@ class EngineConfig:
             self.kv_cache_memory = number("EngineConfig.kv_cache_memory", budget, kind,
                                           at_least_1 if kind is Integral else lambda v: 0 < v <= 1,
                                           "None, bytes (an integer >= 1) or a fraction of free GPU memory in (0, 1]")
-        for name in ("enable_prefix_caching", "compile_decode"):
+        for name in ("enable_prefix_caching", "compile_decode", "cpp_decode_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise invalid(TypeError, f"EngineConfig.{name}", "True or False", getattr(self, name))
 
@@ -107,7 +108,7 @@ class LLMEngine:
         self.block_manager = BlockManager(kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens),
                                    self.block_manager)
-        self.model_runner = ModelRunner(model, kv_cache, config.compile_decode)
+        self.model_runner = ModelRunner(model, kv_cache, config.compile_decode, config.cpp_decode_attention)
         limit = min(model.config.max_position_embeddings, kv_cache.num_blocks * config.block_size)
         if config.max_model_len is not None and not 1 <= config.max_model_len <= limit:
             raise ValueError(f"max_model_len must be in [1, {limit}] (the model's context and the KV cache), "

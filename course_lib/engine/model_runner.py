@@ -20,12 +20,15 @@ class ModelRunner:
     """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`.
 
     With `compile_decode=True`, decode steps of one sequence go through a `CompiledDecodeStep`
-    (compiled here, once); prefill, mixed and batched steps run eagerly.
+    (compiled here, once); prefill, mixed and batched steps run eagerly. `cpp_decode_attention=True`
+    gives their decode rows the C++ kernel on the CPU (`PagedAttention(use_cpp=True)`).
     """
 
-    def __init__(self, model: Transformer, kv_cache: PagedKVCache, compile_decode: bool = False):
+    def __init__(self, model: Transformer, kv_cache: PagedKVCache, compile_decode: bool = False,
+                 cpp_decode_attention: bool = False):
         self.model = model
         self.kv_cache = kv_cache
+        self.use_cpp = cpp_decode_attention
         self.sampler = Sampler()
         self.compiled_decode = None
         if compile_decode:
@@ -62,7 +65,8 @@ class ModelRunner:
         input_ids = torch.tensor([ids], device=device)  # [1, num_tokens]
         pos = torch.tensor([positions], device=device)  # [1, num_tokens]
         index = torch.tensor(logits_index, device=device, dtype=torch.long)
-        logits = self.model(input_ids, pos, kv=PagedAttention(self.kv_cache, meta), logits_index=index)[0]
+        kv = PagedAttention(self.kv_cache, meta, use_cpp=self.use_cpp)
+        logits = self.model(input_ids, pos, kv=kv, logits_index=index)[0]
         return self._sample(logits, batch.seqs, samples)
 
     def _sample(self, logits: torch.Tensor, seqs: list, samples: list[bool]) -> list[int | None]:

@@ -1,0 +1,104 @@
+// Decode attention over the paged KV cache on the CPU: one query token per sequence.
+//
+// The CPU twin of the Triton kernel in triton_paged.py, and like it checked against the PyTorch
+// reference `paged_decode_attention` (tests/test_paged_attention.py). One task per sequence:
+//
+//   1. load its query heads as float, times 1/sqrt(head_dim)
+//   2. scores[h, t] = q[h] . k[t, h / group] for each cached token t, read in place through the block table
+//   3. softmax over t (in float; double for double inputs)
+//   4. out[h] = sum_t p[h, t] * v[t, h / group], read in place through the block table
+//
+// Each token's K (and V) row of all KV heads is contiguous in the cache, so it is read once, whole,
+// and serves every query head (one task per KV head would read a third of each row, strided).
+//
+// No gather into a padded tensor and no mask: each sequence reads exactly its own context_len tokens.
+
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+template <typename scalar_t>
+void paged_decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache, const int32_t* block_tables,
+                  const int32_t* context_lens, scalar_t* out, int64_t num_seqs, int64_t num_heads, int64_t kv_heads,
+                  int64_t head_dim, int64_t block_size, int64_t max_blocks) {
+  using acc_t = at::opmath_type<scalar_t>;  // float for bfloat16, float16 and float32; double for double
+  const acc_t scale = acc_t(1) / std::sqrt(static_cast<acc_t>(head_dim));
+  const int64_t group = num_heads / kv_heads;  // query heads per KV head (GQA): head h reads KV head h / group
+  const int64_t row_len = kv_heads * head_dim;  // one token's K (or V) of all KV heads, contiguous in the cache
+  const int64_t block_stride = block_size * row_len;  // cache: [num_blocks, block_size, kv_heads, head_dim]
+  at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> qf(num_heads * head_dim), acc(num_heads * head_dim), row(row_len), scores;
+    for (int64_t seq = begin; seq < end; ++seq) {
+      const int64_t ctx = context_lens[seq];
+      const int32_t* table = block_tables + seq * max_blocks;
+      const scalar_t* q_seq = q + seq * num_heads * head_dim;  // q: [num_seqs, num_heads, head_dim]
+      for (int64_t i = 0; i < num_heads * head_dim; ++i) qf[i] = static_cast<acc_t>(q_seq[i]) * scale;
+      scores.assign(num_heads * ctx, acc_t(0));  // [num_heads, ctx]
+      for (int64_t t = 0; t < ctx; ++t) {  // 2. scores: read each token's K row once, for every head
+        const scalar_t* k = k_cache + table[t / block_size] * block_stride + (t % block_size) * row_len;
+        for (int64_t i = 0; i < row_len; ++i) row[i] = static_cast<acc_t>(k[i]);
+        for (int64_t h = 0; h < num_heads; ++h) {
+          const acc_t* kh = row.data() + (h / group) * head_dim;
+          const acc_t* qh = qf.data() + h * head_dim;
+          acc_t dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kh[d];
+          scores[h * ctx + t] = dot;
+        }
+      }
+      for (int64_t h = 0; h < num_heads; ++h) {  // 3. softmax of each head's row
+        acc_t* p = scores.data() + h * ctx;
+        const acc_t max = *std::max_element(p, p + ctx);
+        acc_t sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < ctx; ++t) sum += (p[t] = std::exp(p[t] - max));
+        for (int64_t t = 0; t < ctx; ++t) p[t] /= sum;
+      }
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      for (int64_t t = 0; t < ctx; ++t) {  // 4. out = P V: read each token's V row once
+        const scalar_t* v = v_cache + table[t / block_size] * block_stride + (t % block_size) * row_len;
+        for (int64_t i = 0; i < row_len; ++i) row[i] = static_cast<acc_t>(v[i]);
+        for (int64_t h = 0; h < num_heads; ++h) {
+          const acc_t p = scores[h * ctx + t];
+          const acc_t* vh = row.data() + (h / group) * head_dim;
+          acc_t* oh = acc.data() + h * head_dim;
+#pragma omp simd
+          for (int64_t d = 0; d < head_dim; ++d) oh[d] += p * vh[d];
+        }
+      }
+      scalar_t* o = out + seq * num_heads * head_dim;
+      for (int64_t i = 0; i < num_heads * head_dim; ++i) o[i] = static_cast<scalar_t>(acc[i]);
+    }
+  });
+}
+
+// q [num_seqs, num_heads, head_dim]; k/v_cache [num_blocks, block_size, kv_heads, head_dim] (one layer);
+// block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32, each >= 1. All contiguous.
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor block_tables, torch::Tensor context_lens) {
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+              block_tables.is_contiguous() && context_lens.is_contiguous(), "inputs must be contiguous");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
+              "block_tables and context_lens must be int32");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "q, k_cache and v_cache must have one dtype");
+  auto out = torch::empty_like(q);
+  const int64_t num_seqs = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
+  const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
+  TORCH_CHECK(num_heads % kv_heads == 0 && k_cache.size(3) == head_dim, "q and the cache do not match");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
+    paged_decode<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+                           block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(),
+                           out.data_ptr<scalar_t>(), num_seqs, num_heads, kv_heads, head_dim, block_size,
+                           block_tables.size(1));
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged KV cache (CPU)");
+}
