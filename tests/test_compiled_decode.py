@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from course_lib.attention import cpu_paged
 from course_lib.attention.paged import (
     PagedAttention,
     PagedAttentionMetadata,
@@ -54,7 +55,11 @@ def tiny_model(dtype=torch.float32) -> Transformer:
     return model
 
 
-def test_uncompiled_decode_step_matches_paged_forward():
+needs_cpp = pytest.mark.skipif(not cpu_paged.available(), reason="the C++ kernel cannot be built here")
+
+
+@pytest.mark.parametrize("use_cpp", [False, pytest.param(True, marks=needs_cpp)])
+def test_uncompiled_decode_step_matches_paged_forward(use_cpp):
     """The function that gets compiled, run eagerly, gives the engine's eager logits and K/V."""
     model = use_fast_path(tiny_model(torch.float64))
     cache = PagedKVCache(model.config, num_blocks=16, block_size=4, dtype=torch.float64)
@@ -63,7 +68,7 @@ def test_uncompiled_decode_step_matches_paged_forward():
     cache.v_cache.normal_()
     ids, positions = torch.tensor([5, 17, 300]), torch.tensor([0, 5, 9])  # tokens cached before each
     tables = torch.tensor([[3, 0, 0], [1, 7, 0], [2, 9, 11]])
-    logits, new_k, new_v = decode_step(model, cache, ids, positions, tables, positions.to(torch.int32))
+    logits, new_k, new_v = decode_step(model, cache, ids, positions, tables, positions.to(torch.int32), use_cpp)
 
     eager_cache = PagedKVCache(model.config, num_blocks=16, block_size=4, dtype=torch.float64)
     eager_cache.k_cache.copy_(cache.k_cache)
@@ -76,7 +81,8 @@ def test_uncompiled_decode_step_matches_paged_forward():
     torch.testing.assert_close(new_v, eager_cache.v_cache.view(2, -1, 2, 16)[:, slots])
 
 
-def test_compiled_engine_greedy_equals_eager_engine(tokenizer):
+@pytest.mark.parametrize("cpp", [False, pytest.param(True, marks=needs_cpp)])
+def test_compiled_engine_greedy_equals_eager_engine(tokenizer, cpp):
     """torch.compile for real (a tiny model: ~1 minute on 2 cores): the same greedy tokens, the cache
     left as eager leaves it, and the compile time reported."""
     model = use_fast_path(tiny_model())
@@ -86,7 +92,8 @@ def test_compiled_engine_greedy_equals_eager_engine(tokenizer):
     def run(compile_decode: bool):
         engine = LLMEngine(model, tokenizer, EngineConfig(block_size=4, kv_cache_memory=4 * 2**20,
                                                           enable_prefix_caching=False,
-                                                          compile_decode=compile_decode))
+                                                          compile_decode=compile_decode,
+                                                          cpp_decode_attention=cpp))
         ids = engine.add_requests(prompts, params)
         outs = {o.request_id: o for o in engine.outputs(ids) if o.finished}
         return engine, [outs[i].outputs[0].token_ids for i in ids]
@@ -98,7 +105,9 @@ def test_compiled_engine_greedy_equals_eager_engine(tokenizer):
     assert eager_engine.stats.compile_seconds == 0
     assert [len(g) for g in got] == [12, 40, 9, 25]
     assert got == want
-    assert engine.model_runner.compiled_decode.steps == 40 - 25  # the longest request's steps alone
+    # Without the C++ kernel only one-sequence steps are compiled: the longest request's steps alone.
+    # With it, every decode step (all prompts prefill in the first step; 39 more give 40 tokens).
+    assert engine.model_runner.compiled_decode.steps == (39 if cpp else 40 - 25)
     assert engine.block_manager.num_used_blocks == 0
 
 

@@ -56,10 +56,29 @@ def available() -> bool:
 
 
 def cpu_paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
-                               block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+                               block_tables: torch.Tensor, context_lens: torch.Tensor,
+                               k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `paged_decode_attention`: q [num_seqs, heads, head_dim]; k/v_cache_layer [num_blocks,
     block_size, kv_heads, head_dim]; block_tables [num_seqs, max_blocks]; context_lens [num_seqs], each >= 1.
-    Returns [num_seqs, heads, head_dim]."""
+    Returns [num_seqs, heads, head_dim].
+
+    With k_new, v_new [num_seqs, kv_heads, head_dim], each sequence also attends to one more token that is
+    not in the cache yet, after its context_lens cached ones (then context_lens may be 0)."""
+    contiguous = lambda t: None if t is None else t.contiguous()  # noqa: E731
     return _extension().paged_decode_attention(
         q.contiguous(), k_cache_layer.contiguous(), v_cache_layer.contiguous(),
-        block_tables.to(torch.int32).contiguous(), context_lens.to(torch.int32).contiguous())
+        block_tables.to(torch.int32).contiguous(), context_lens.to(torch.int32).contiguous(),
+        contiguous(k_new), contiguous(v_new))
+
+
+@torch.library.custom_op("course_lib::paged_decode_attention", mutates_args=())
+def paged_decode_op(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
+                    block_tables: torch.Tensor, context_lens: torch.Tensor,
+                    k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None) -> torch.Tensor:
+    """`cpu_paged_decode_attention` as a PyTorch operator, so a `torch.compile`d graph can call it."""
+    return cpu_paged_decode_attention(q, k_cache_layer, v_cache_layer, block_tables, context_lens, k_new, v_new)
+
+
+@paged_decode_op.register_fake
+def _(q, k_cache_layer, v_cache_layer, block_tables, context_lens, k_new=None, v_new=None):
+    return torch.empty_like(q)

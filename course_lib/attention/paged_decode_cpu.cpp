@@ -21,10 +21,14 @@
 #include <cmath>
 #include <vector>
 
-template <typename scalar_t>
+// HEAD_DIM > 0 fixes head_dim at compile time (64 and 128 are common), so the inner loops have a known
+// length and vectorize without a remainder; 0 reads it at run time.
+template <typename scalar_t, int64_t HEAD_DIM>
 void paged_decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache, const int32_t* block_tables,
-                  const int32_t* context_lens, scalar_t* out, int64_t num_seqs, int64_t num_heads, int64_t kv_heads,
-                  int64_t head_dim, int64_t block_size, int64_t max_blocks) {
+                  const int32_t* context_lens, const scalar_t* k_new, const scalar_t* v_new, scalar_t* out,
+                  int64_t num_seqs, int64_t num_heads, int64_t kv_heads, int64_t runtime_head_dim,
+                  int64_t block_size, int64_t max_blocks) {
+  const int64_t head_dim = HEAD_DIM > 0 ? HEAD_DIM : runtime_head_dim;
   using acc_t = at::opmath_type<scalar_t>;  // float for bfloat16, float16 and float32; double for double
   const acc_t scale = acc_t(1) / std::sqrt(static_cast<acc_t>(head_dim));
   const int64_t group = num_heads / kv_heads;  // query heads per KV head (GQA): head h reads KV head h / group
@@ -33,13 +37,17 @@ void paged_decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> qf(num_heads * head_dim), acc(num_heads * head_dim), row(row_len), scores;
     for (int64_t seq = begin; seq < end; ++seq) {
-      const int64_t ctx = context_lens[seq];
+      const int64_t cached = context_lens[seq], ctx = cached + (k_new != nullptr);
       const int32_t* table = block_tables + seq * max_blocks;
+      auto token_row = [&](const scalar_t* cache, const scalar_t* fresh, int64_t t) {  // token t's K or V row
+        return t < cached ? cache + table[t / block_size] * block_stride + (t % block_size) * row_len
+                          : fresh + seq * row_len;
+      };
       const scalar_t* q_seq = q + seq * num_heads * head_dim;  // q: [num_seqs, num_heads, head_dim]
       for (int64_t i = 0; i < num_heads * head_dim; ++i) qf[i] = static_cast<acc_t>(q_seq[i]) * scale;
       scores.assign(num_heads * ctx, acc_t(0));  // [num_heads, ctx]
       for (int64_t t = 0; t < ctx; ++t) {  // 2. scores: read each token's K row once, for every head
-        const scalar_t* k = k_cache + table[t / block_size] * block_stride + (t % block_size) * row_len;
+        const scalar_t* k = token_row(k_cache, k_new, t);
         for (int64_t i = 0; i < row_len; ++i) row[i] = static_cast<acc_t>(k[i]);
         for (int64_t h = 0; h < num_heads; ++h) {
           const acc_t* kh = row.data() + (h / group) * head_dim;
@@ -60,7 +68,7 @@ void paged_decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_
       }
       std::fill(acc.begin(), acc.end(), acc_t(0));
       for (int64_t t = 0; t < ctx; ++t) {  // 4. out = P V: read each token's V row once
-        const scalar_t* v = v_cache + table[t / block_size] * block_stride + (t % block_size) * row_len;
+        const scalar_t* v = token_row(v_cache, v_new, t);
         for (int64_t i = 0; i < row_len; ++i) row[i] = static_cast<acc_t>(v[i]);
         for (int64_t h = 0; h < num_heads; ++h) {
           const acc_t p = scores[h * ctx + t];
@@ -77,28 +85,44 @@ void paged_decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_
 }
 
 // q [num_seqs, num_heads, head_dim]; k/v_cache [num_blocks, block_size, kv_heads, head_dim] (one layer);
-// block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32, each >= 1. All contiguous.
+// block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32: cached tokens of each sequence.
+// k_new, v_new [num_seqs, kv_heads, head_dim] (optional): one more token per sequence, not yet in the cache,
+// attended after the cached ones (the compiled decode step stores K/V after its graph). All contiguous.
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_tables, torch::Tensor context_lens) {
+                                     torch::Tensor block_tables, torch::Tensor context_lens,
+                                     c10::optional<torch::Tensor> k_new, c10::optional<torch::Tensor> v_new) {
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
               block_tables.is_contiguous() && context_lens.is_contiguous(), "inputs must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
               "block_tables and context_lens must be int32");
   TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
               "q, k_cache and v_cache must have one dtype");
-  auto out = torch::empty_like(q);
+  TORCH_CHECK(k_new.has_value() == v_new.has_value(), "pass both k_new and v_new, or neither");
   const int64_t num_seqs = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   TORCH_CHECK(num_heads % kv_heads == 0 && k_cache.size(3) == head_dim, "q and the cache do not match");
+  if (k_new.has_value()) {
+    for (const auto& t : {*k_new, *v_new})
+      TORCH_CHECK(t.is_contiguous() && t.scalar_type() == q.scalar_type() && t.dim() == 3 && t.size(0) == num_seqs &&
+                  t.size(1) == kv_heads && t.size(2) == head_dim, "k_new and v_new must be [num_seqs, kv_heads, head_dim]");
+  }
+  auto out = torch::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
-    paged_decode<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
-                           block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(),
-                           out.data_ptr<scalar_t>(), num_seqs, num_heads, kv_heads, head_dim, block_size,
-                           block_tables.size(1));
+    auto run = [&](auto kernel) {
+      kernel(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+             block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(),
+             k_new ? k_new->data_ptr<scalar_t>() : nullptr, v_new ? v_new->data_ptr<scalar_t>() : nullptr,
+             out.data_ptr<scalar_t>(), num_seqs, num_heads, kv_heads, head_dim, block_size, block_tables.size(1));
+    };
+    if (head_dim == 64) run(paged_decode<scalar_t, 64>);
+    else if (head_dim == 128) run(paged_decode<scalar_t, 128>);
+    else run(paged_decode<scalar_t, 0>);
   });
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged KV cache (CPU)");
+  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged KV cache (CPU)",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("context_lens"),
+        py::arg("k_new") = py::none(), py::arg("v_new") = py::none());
 }

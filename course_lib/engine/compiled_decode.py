@@ -13,14 +13,16 @@ for oneDNN (`freezing`, which uses AMX where the CPU has it).
 Why the K/V store happens after the graph and not inside it: writing into the cache (an input of
 the graph) from inside made Inductor copy the whole cache each step (measured: 103 ms a step
 instead of 26 with a 64 MB cache). Inside, each sequence attends over its cached tokens plus the
-new one (`decode_attention`), which is what attention after the store would have seen.
+new one (`decode_attention`, or with `use_cpp` the C++ kernel of `course_lib.attention.cpu_paged`,
+called as the operator `course_lib::paged_decode_attention`), which is what attention after the
+store would have seen.
 
 Compiling takes minutes on a 2-core CPU, so it happens once, when the engine starts (`warmup`),
-and `compile_seconds` says how long it took. Prefill, mixed and batched steps stay eager: measured
-on a 2-core Xeon (benchmarks/compare.py), the compiled step pays for one sequence (batch-1 decode
-1.37x `transformers` in float32, 1.42x in bfloat16, against 0.91x and 1.05x eager) but its dynamic-shape
-graph for many sequences was slower than eager (16 and 64 requests: 0.68-0.95x `transformers`,
-against 1.07-1.27x eager), so only steps of `MAX_SEQS` sequences use it.
+and `compile_seconds` says how long it took. Prefill and mixed steps stay eager. Batched decode
+steps use the graph only with the C++ kernel: with attention compiled from PyTorch ops (a padded
+gather), the dynamic-shape graph for many sequences was slower than eager (16 and 64 requests:
+0.68-0.95x `transformers`, against 1.07-1.27x eager), while with the kernel it was faster than
+eager (measured on a 2-core Xeon, bfloat16: 16 requests 422 against 400 tok/s, 64: 742 against 718).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import time
 
 import torch
 
+from ..attention import cpu_paged
 from ..attention.paged import PagedKVCache, gather_blocks
 from ..model import Transformer
 
@@ -56,10 +59,15 @@ def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
 
 
 class DecodeStepAttention:
-    """Attention backend for one compiled decode step: attends, and keeps each layer's new K/V for later."""
+    """Attention backend for one compiled decode step: attends, and keeps each layer's new K/V for later.
 
-    def __init__(self, kv_cache: PagedKVCache, block_tables: torch.Tensor, cached_lens: torch.Tensor):
+    `use_cpp`: attend through the C++ kernel (`cpu_paged`, as an operator the graph calls) instead
+    of `decode_attention`, which Inductor compiles into a padded gather."""
+
+    def __init__(self, kv_cache: PagedKVCache, block_tables: torch.Tensor, cached_lens: torch.Tensor,
+                 use_cpp: bool = False):
         self.kv_cache, self.block_tables, self.cached_lens = kv_cache, block_tables, cached_lens
+        self.use_cpp = use_cpp
         self.new_k: list[torch.Tensor] = []
         self.new_v: list[torch.Tensor] = []
 
@@ -67,8 +75,12 @@ class DecodeStepAttention:
         """q [1, n, heads, d], k/v [1, n, kv_heads, d] -> [1, n, heads, d]."""
         self.new_k.append(k[0])
         self.new_v.append(v[0])
-        out = decode_attention(q[0], k[0], v[0], self.kv_cache.k_cache[layer_idx], self.kv_cache.v_cache[layer_idx],
-                               self.block_tables, self.cached_lens)
+        k_cache, v_cache = self.kv_cache.k_cache[layer_idx], self.kv_cache.v_cache[layer_idx]
+        if self.use_cpp:
+            out = torch.ops.course_lib.paged_decode_attention(q[0], k_cache, v_cache, self.block_tables,
+                                                              self.cached_lens, k[0], v[0])
+        else:
+            out = decode_attention(q[0], k[0], v[0], k_cache, v_cache, self.block_tables, self.cached_lens)
         return out[None]
 
     def advance(self, num_tokens: int) -> None:
@@ -76,10 +88,10 @@ class DecodeStepAttention:
 
 
 def decode_step(model: Transformer, kv_cache: PagedKVCache, input_ids: torch.Tensor, positions: torch.Tensor,
-                block_tables: torch.Tensor, cached_lens: torch.Tensor):
+                block_tables: torch.Tensor, cached_lens: torch.Tensor, use_cpp: bool = False):
     """The function `CompiledDecodeStep` compiles: input_ids, positions, cached_lens [n], block_tables [n, blocks]
     -> logits [n, vocab], new_k and new_v [layers, n, kv_heads, head_dim]. Reads the cache, writes nothing."""
-    attn = DecodeStepAttention(kv_cache, block_tables, cached_lens)
+    attn = DecodeStepAttention(kv_cache, block_tables, cached_lens, use_cpp)
     logits = model(input_ids[None], positions[None], kv=attn)[0]  # [n, vocab]
     return logits, torch.stack(attn.new_k), torch.stack(attn.new_v)
 
@@ -87,31 +99,37 @@ def decode_step(model: Transformer, kv_cache: PagedKVCache, input_ids: torch.Ten
 class CompiledDecodeStep:
     """`decode_step` through `torch.compile`, compiled once by `warmup()`, plus the K/V store after it."""
 
-    MAX_SEQS = 1  # steps with more sequences run eagerly (see the module docstring)
     MIN_BLOCKS = 2  # tables are padded to >= 2 columns: a size of 1 would make torch.compile build another graph
 
-    def __init__(self, model: Transformer, kv_cache: PagedKVCache):
+    def __init__(self, model: Transformer, kv_cache: PagedKVCache, use_cpp: bool = False):
         self.model, self.kv_cache = model, kv_cache
+        self.use_cpp = use_cpp and model.device.type == "cpu" and cpu_paged.available()
+        # Steps with more sequences than this run eagerly: with attention compiled from PyTorch ops the
+        # batched graph was slower than eager (see the module docstring); with the C++ kernel it was faster.
+        self.max_seqs = 1 << 30 if self.use_cpp else 1
         options = {}
         if model.device.type == "cpu":
             # freezing prepacks the weights for oneDNN: it pays in bfloat16 (AMX); in float32 it was
             # measured level (batch 1: 26.9 vs 26.2 ms a step; 16 sequences: 193 vs 187 tok/s).
             options = {"cpp_wrapper": True, "freezing": model.dtype != torch.float32}
-        self._step = torch.compile(functools.partial(decode_step, model, kv_cache), dynamic=True, options=options)
+        self._step = torch.compile(functools.partial(decode_step, model, kv_cache, use_cpp=self.use_cpp),
+                                   dynamic=True, options=options)
         self.compile_seconds = 0.0
         self.steps = 0  # decode steps run through the compiled graph
 
     @torch.inference_mode()
     def warmup(self) -> float:
-        """Compile for one sequence at two context sizes (so later lengths reuse the dynamic graph).
+        """Compile at two context sizes (so later lengths reuse the dynamic graph), for one sequence and,
+        when batches use the graph, for two and three (a size of 1 gets a graph of its own).
 
         Returns the seconds it took, also kept in `compile_seconds`. Writes nothing to the cache.
         """
         device, t = self.model.device, time.perf_counter()
-        for blocks in (2, 3):
-            self._step(torch.zeros(1, dtype=torch.long, device=device), torch.full((1,), 5, device=device),
-                       torch.zeros(1, blocks, dtype=torch.long, device=device),
-                       torch.full((1,), 5, dtype=torch.int32, device=device))
+        sizes = [(1, 2), (1, 3)] + ([(2, 2), (3, 3)] if self.max_seqs > 1 else [])  # (sequences, blocks)
+        for n, blocks in sizes:
+            self._step(torch.zeros(n, dtype=torch.long, device=device), torch.full((n,), 5, device=device),
+                       torch.zeros(n, blocks, dtype=torch.long, device=device),
+                       torch.full((n,), 5, dtype=torch.int32, device=device))
         self.compile_seconds += time.perf_counter() - t
         return self.compile_seconds
 

@@ -34,7 +34,7 @@ class ModelRunner:
         if compile_decode:
             from .compiled_decode import CompiledDecodeStep
 
-            self.compiled_decode = CompiledDecodeStep(model, kv_cache)
+            self.compiled_decode = CompiledDecodeStep(model, kv_cache, use_cpp=cpp_decode_attention)
             self.compiled_decode.warmup()
 
     @torch.inference_mode()
@@ -51,7 +51,7 @@ class ModelRunner:
             if done:
                 logits_index.append(len(ids) - 1)
         if (self.compiled_decode is not None and len(ids) == len(batch.seqs) == len(logits_index)
-                and len(ids) <= self.compiled_decode.MAX_SEQS):
+                and len(ids) <= self.compiled_decode.max_seqs):
             slots = [slots_for(seq.block_table, [p], self.kv_cache.block_size)[0]
                      for seq, p in zip(batch.seqs, positions)]
             logits = self.compiled_decode(  # every sequence adds one token and samples
