@@ -19,8 +19,8 @@ def _export(module) -> None:
 
 
 from . import (attention, batching, kv_cache, positions, prefill_decode, profiling, quantization,  # noqa: E402
-               sampling, tokenization, welcome)
+               sampling, serving, tokenization, welcome)
 
 for _module in (welcome, tokenization, positions, attention, sampling, prefill_decode, kv_cache, batching,
-                quantization, profiling):
+                quantization, profiling, serving):
     _export(_module)

@@ -1,0 +1,11 @@
+"""Serving: an OpenAI-compatible HTTP server on the engine, and a client-side benchmark.
+
+    python -m course_lib.serve                 # the server (see __main__.py for the options)
+    python -m course_lib.serve.bench --base-url http://127.0.0.1:8000 --concurrency 4 --num-requests 32
+
+In Python: `create_app(llm)` (app.py) is the FastAPI app; `BackgroundServer` runs it in a thread.
+"""
+from .app import create_app
+from .background import BackgroundServer, free_port
+
+__all__ = ["create_app", "BackgroundServer", "free_port"]

@@ -1,0 +1,62 @@
+"""`python -m course_lib.serve`: the OpenAI-compatible server in a process of its own.
+
+    python -m course_lib.serve                                  # the default model on 127.0.0.1:8000
+    python -m course_lib.serve --dtype bfloat16 --port 8001 --max-num-seqs 32
+    curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "Hi", "max_tokens": 8}'
+
+Ctrl-C (SIGINT) or SIGTERM: stop accepting, let open requests finish (up to --graceful-seconds),
+abort the rest, exit.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import uvicorn
+
+from ..chapter import quiet_libraries
+from ..engine.llm import LLM
+from .app import create_app
+
+
+def kv_memory(text: str) -> int | float:
+    """Bytes ("536870912", "512MiB") or a fraction of free GPU memory ("0.5")."""
+    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return int(float(text[:-len(unit)]) * factor)
+    return float(text) if "." in text else int(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="a .gguf file, a model directory or a Hub id (default: SmolLM2)")
+    ap.add_argument("--served-model-name", default=None, help="the name clients pass as `model`")
+    ap.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other machines (no auth here!)")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    ap.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: by device)")
+    ap.add_argument("--quantization", default=None, choices=["int8", "int4"])
+    ap.add_argument("--kv-cache-memory", type=kv_memory, default=None,
+                    help="KV cache size: bytes, 512MiB, or a fraction of free GPU memory such as 0.5")
+    ap.add_argument("--max-num-seqs", type=int, default=64, help="most requests in one batch")
+    ap.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
+    ap.add_argument("--default-max-tokens", type=int, default=16, help="max_tokens when a request gives none")
+    ap.add_argument("--compile-decode", action="store_true", help="torch.compile the decode step (minutes)")
+    ap.add_argument("--graceful-seconds", type=int, default=30, help="on shutdown, how long open requests get")
+    args = ap.parse_args(argv)
+    quiet_libraries()
+    engine_args = {k: v for k, v in dict(kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
+                                         max_model_len=args.max_model_len, compile_decode=args.compile_decode).items()
+                   if v is not None}
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, quantization=args.quantization, fast_path=True,
+              **engine_args)
+    name = args.served_model_name or (Path(args.model).stem if args.model else "SmolLM2-135M-Instruct")
+    app = create_app(llm, name, args.default_max_tokens)
+    print(f"serving {name} on http://{args.host}:{args.port}/v1 ({llm.device}, {llm.model.dtype})", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=args.graceful_seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""`BackgroundServer`: uvicorn in a thread of this process, for tests and notebooks that share the model.
+
+    with BackgroundServer(create_app(llm)) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+
+`python -m course_lib.serve` is the same app in a process of its own (what a deployment runs).
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class BackgroundServer:
+    """Serve `app` on `host:port` (a free port by default) from a daemon thread until `stop()`."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int | None = None):
+        self.host, self.port = host, port or free_port(host)
+        self.server = uvicorn.Server(uvicorn.Config(app, host=self.host, port=self.port, log_level="warning",
+                                                    timeout_graceful_shutdown=10))
+        self.thread = threading.Thread(target=self.server.run, name="course_lib-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30) -> "BackgroundServer":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, let open requests finish (10 s at most), shut the engine thread down."""
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def __enter__(self) -> "BackgroundServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

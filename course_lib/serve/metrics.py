@@ -1,0 +1,64 @@
+"""Prometheus metrics of the server, with vLLM's names under a `course_lib:` prefix.
+
+    course_lib:num_requests_running        gauge      requests in the running batch
+    course_lib:num_requests_waiting        gauge      requests queued for a first step
+    course_lib:kv_cache_usage_perc         gauge      share of KV blocks held by requests, 0 to 1
+    course_lib:prompt_tokens_total         counter    prompt tokens of requests that were served
+    course_lib:generation_tokens_total     counter    tokens generated
+    course_lib:time_to_first_token_seconds histogram  arrival to first token (TTFT, 首字延迟)
+    course_lib:time_per_output_token_seconds histogram  (last token - first token) / (tokens - 1) (TPOT)
+    course_lib:request_success_total       counter    finished requests, by finish_reason
+
+Each server has its own registry, so tests can start several in one process.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..engine.sequence import RequestOutput
+from .async_engine import AsyncEngine
+
+PREFIX = "course_lib:"
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+                   20.0, 40.0)
+
+
+class ServerMetrics:
+    """The server's counters; gauges are read from the engine when /metrics is scraped."""
+
+    def __init__(self, engine: AsyncEngine, model: str):
+        self.registry = registry = CollectorRegistry()
+        labels = dict(labelnames=["model_name"], registry=registry)
+        Gauge(f"{PREFIX}num_requests_running", "Requests in the running batch.", **labels) \
+            .labels(model).set_function(lambda: engine.num_running)
+        Gauge(f"{PREFIX}num_requests_waiting", "Requests waiting for their first step.", **labels) \
+            .labels(model).set_function(lambda: engine.num_waiting)
+        Gauge(f"{PREFIX}kv_cache_usage_perc", "Share of KV cache blocks in use (1 = full).", **labels) \
+            .labels(model).set_function(lambda: engine.kv_cache_usage)
+        self.prompt_tokens = Counter(f"{PREFIX}prompt_tokens", "Prompt tokens served.", **labels).labels(model)
+        self.generation_tokens = Counter(f"{PREFIX}generation_tokens", "Tokens generated.", **labels).labels(model)
+        self.ttft = Histogram(f"{PREFIX}time_to_first_token_seconds", "Time to first token.",
+                              buckets=LATENCY_BUCKETS, **labels).labels(model)
+        self.tpot = Histogram(f"{PREFIX}time_per_output_token_seconds", "Time per output token after the first.",
+                              buckets=LATENCY_BUCKETS, **labels).labels(model)
+        self._success = Counter(f"{PREFIX}request_success", "Finished requests.",
+                                labelnames=["model_name", "finished_reason"], registry=registry)
+        self.model = model
+
+    def observe(self, out: RequestOutput, tokens_before: int) -> int:
+        """Count what `out` adds to its request (given the tokens counted before); returns its token count."""
+        tokens = len(out.outputs[0].token_ids)
+        if tokens_before == 0 and tokens > 0:
+            self.prompt_tokens.inc(len(out.prompt_token_ids))
+            if out.metrics.ttft is not None:
+                self.ttft.observe(out.metrics.ttft)
+        self.generation_tokens.inc(tokens - tokens_before)
+        if out.finished:
+            if out.metrics.tpot is not None:
+                self.tpot.observe(out.metrics.tpot)
+            self._success.labels(self.model, out.outputs[0].finish_reason or "abort").inc()
+        return tokens
+
+    def exposition(self) -> bytes:
+        """The text format Prometheus scrapes."""
+        return generate_latest(self.registry)

@@ -1,0 +1,146 @@
+"""The OpenAI wire format: request bodies in, `SamplingParams` out, response and chunk bodies back.
+
+Field names and defaults follow OpenAI's API reference; vLLM's extra sampling fields (`top_k`, `min_p`,
+`repetition_penalty`, `ignore_eos`, `stop_token_ids`, `skip_special_tokens`) are accepted too. pydantic
+checks types (a wrong type is a 400 naming the field); `SamplingParams` checks ranges.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..sampling import SamplingParams
+
+
+class OpenAIError(Exception):
+    """An error the client caused or can act on, sent as {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 type: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.type, self.code = message, param, status, type, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """What both endpoints share. Unknown fields are ignored, as OpenAI's API does."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's extra sampling parameters
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        """The engine's `SamplingParams`; a value out of range raises `OpenAIError` naming the field."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) != 0:
+                raise OpenAIError(f"{name} is not supported by this server (use repetition_penalty)", name)
+        try:
+            return SamplingParams(
+                max_tokens=self.max_tokens or default_max_tokens, temperature=self.temperature, top_p=self.top_p,
+                top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty, seed=self.seed,
+                stop=self.stop, stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
+                skip_special_tokens=self.skip_special_tokens, n=self.n)
+        except (TypeError, ValueError) as e:  # "SamplingParams.top_p must be ..." -> param "top_p"
+            message = str(e)
+            param = message.split("SamplingParams.", 1)[1].split()[0] if "SamplingParams." in message else None
+            raise OpenAIError(message.replace("SamplingParams.", ""), param) from e
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt of this request (a list of one prompt is accepted); one completion per request."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise OpenAIError(f"this server takes one prompt per request, got {len(prompt)}", "prompt")
+            prompt = prompt[0]
+        if self.echo or self.logprobs is not None:
+            raise OpenAIError("echo and logprobs are not supported by this server",
+                              "echo" if self.echo else "logprobs")
+        return prompt
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        if self.max_completion_tokens is not None:
+            self.max_tokens = self.max_completion_tokens
+        return super().sampling_params(default_max_tokens)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_body(request_id: str, model: str, choices: list[dict], chat: bool, chunk: bool,
+                    usage_counts: dict | None = None) -> dict:
+    """A response (`chunk=False`) or a streamed chunk of /v1/completions or /v1/chat/completions."""
+    kind = ("chat.completion" if chat else "text_completion") + (".chunk" if chunk and chat else "")
+    body = {"id": request_id, "object": kind, "created": int(time.time()), "model": model, "choices": choices}
+    if usage_counts is not None or not chunk:
+        body["usage"] = usage_counts
+    return body
+
+
+def choice(text: str | None, finish_reason: str | None, chat: bool, chunk: bool, role: bool = False) -> dict:
+    """One choice: {"text"} for completions, {"message"} (or {"delta"} when streaming) for chat."""
+    out: dict = {"index": 0}
+    if not chat:
+        out.update(text=text or "", logprobs=None)
+    elif chunk:
+        delta = {"role": "assistant"} if role else {}
+        if text is not None:
+            delta["content"] = text
+        out["delta"] = delta
+    else:
+        out["message"] = {"role": "assistant", "content": text or ""}
+    out["finish_reason"] = finish_reason
+    return out

@@ -1,0 +1,173 @@
+"""The OpenAI-compatible server, through the real `openai` client on a free loopback port."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+
+import httpx
+import pytest
+
+from course_lib import SamplingParams
+from course_lib.serve import BackgroundServer, create_app
+from course_lib.serve.bench import main as bench_main
+
+openai = pytest.importorskip("openai")
+NAME = "smollm2-test"
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    with BackgroundServer(create_app(llm, NAME)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    found = re.search(rf"^course_lib:{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    assert found, f"course_lib:{name} is not in /metrics"
+    return float(found.group(1))
+
+
+def test_models_health_and_metric_names(server, client):
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert [m.id for m in client.models.list().data] == [NAME]
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
+                 "generation_tokens_total", "time_to_first_token_seconds_bucket",
+                 "time_per_output_token_seconds_bucket"):
+        assert f"course_lib:{name}" in text
+
+
+def test_completion_equals_engine_greedy(llm, client, server):
+    prompt = "The capital of France is"
+    want = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    before = metric(server, "generation_tokens_total")
+    got = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert got.choices[0].text == want.outputs[0].text
+    assert got.choices[0].finish_reason == "length"
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(want.prompt_token_ids), 12)
+    assert got.usage.total_tokens == got.usage.prompt_tokens + 12
+    assert metric(server, "generation_tokens_total") == before + 12
+
+
+def test_streaming_chat_equals_engine_chat(llm, client):
+    messages = [{"role": "user", "content": "Name three colours. 用中文回答。"}]
+    want = llm.chat(messages, SamplingParams(max_tokens=20, temperature=0))[0]
+    chunks = list(client.chat.completions.create(model=NAME, messages=messages, max_tokens=20, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want.outputs[0].text
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == want.outputs[0].finish_reason and not any(reasons[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(want.outputs[0].token_ids)
+    # and the same answer without streaming
+    whole = client.chat.completions.create(model=NAME, messages=messages, max_tokens=20, temperature=0)
+    assert whole.choices[0].message.content == want.outputs[0].text
+
+
+def test_sixteen_concurrent_streams_each_get_their_own_answer(llm, server):
+    prompts = [f"Count from {i} to {i + 5}:" for i in range(16)]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    want = [o.outputs[0].text for o in llm.generate(prompts, params)]
+
+    async def one(client, prompt):
+        stream = await client.completions.create(model=NAME, prompt=prompt, max_tokens=8, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    async def all_at_once():
+        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as client:
+            return await asyncio.gather(*(one(client, p) for p in prompts))
+
+    assert asyncio.run(all_at_once()) == want
+
+
+def post(server, path: str, body) -> httpx.Response:
+    content = body if isinstance(body, str) else json.dumps(body)
+    return httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("path,body,status,param", [
+    ("/v1/completions", "{not json", 400, None),
+    ("/v1/completions", {"max_tokens": 4}, 400, "prompt"),  # missing
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),  # wrong type
+    ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "stop_token_ids": [10**7]}, 400, "stop_token_ids"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "model": "gpt-4o"}, 404, "model"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+])
+def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(server, client, path, body, status, param):
+    r = post(server, path, body)
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"] and error["type"]
+    ok = client.completions.create(model=NAME, prompt="Hello", max_tokens=2)
+    assert ok.usage.completion_tokens >= 1
+
+
+def test_prompt_longer_than_the_context_is_a_400(llm, server):
+    r = post(server, "/v1/completions", {"prompt": [1] * llm.engine.max_model_len, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert "context window" in r.json()["error"]["message"]
+
+
+def test_client_that_disconnects_mid_stream_frees_its_blocks(server):
+    body = {"prompt": "Tell me a long story.", "max_tokens": 400, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # it is generating
+        assert metric(server, "num_requests_running") == 1
+    deadline = time.monotonic() + 10  # closed: the server notices, aborts, frees
+    while (metric(server, "num_requests_running") or metric(server, "kv_cache_usage_perc")) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(server, "num_requests_running") == 0
+    assert metric(server, "kv_cache_usage_perc") == 0
+    assert metric(server, "num_requests_waiting") == 0
+
+
+def test_client_benchmark_against_the_server(server, tmp_path, capsys):
+    summary = bench_main(["--base-url", server.url, "--concurrency", "4", "--num-requests", "8",
+                          "--max-tokens", "6", "--prompt-words", "12", "--json", str(tmp_path / "b.json")])
+    assert summary["failed"] == 0 and summary["output_tokens"] == 8 * 6
+    assert 0 < summary["ttft_p50"] <= summary["e2e_p50"] and summary["tpot_mean"] > 0
+    assert "TTFT" in capsys.readouterr().out
+    assert len(json.loads((tmp_path / "b.json").read_text())["records"]) == 8
+
+
+def test_watcher_and_plots_of_a_concurrency_sweep(server):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from course_lib.serve.bench import benchmark
+    from course_lib.serve.watch import MetricsWatcher, parse_metrics
+    from course_lib.viz.serving import plot_concurrency_sweep, plot_metrics_timeline
+
+    rows = []
+    with MetricsWatcher(server.url, interval=0.05) as watch:
+        for c in (1, 3):
+            summary, records = benchmark(server.url, concurrency=c, num_requests=3, max_tokens=4, prompt_words=8)
+            assert summary["failed"] == 0 and len(records) == 3
+            rows.append({"concurrency": c, **summary})
+    frame = watch.frame()
+    assert len(frame) >= 2 and frame.num_requests_running.max() >= 1
+    assert frame.generation_tokens_total.is_monotonic_increasing
+    assert plot_concurrency_sweep(pd.DataFrame(rows).set_index("concurrency")).axes
+    assert plot_metrics_timeline(frame).axes
+    text = 'course_lib:num_requests_running{model_name="m"} 2.0\n# HELP x\ncourse_lib:kv_cache_usage_perc 0.25\n'
+    assert parse_metrics(text) == {"num_requests_running": 2.0, "kv_cache_usage_perc": 0.25}
