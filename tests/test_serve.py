@@ -171,3 +171,49 @@ def test_watcher_and_plots_of_a_concurrency_sweep(server):
     assert plot_metrics_timeline(frame).axes
     text = 'course_lib:num_requests_running{model_name="m"} 2.0\n# HELP x\ncourse_lib:kv_cache_usage_perc 0.25\n'
     assert parse_metrics(text) == {"num_requests_running": 2.0, "kv_cache_usage_perc": 0.25}
+
+
+def test_the_server_process_finishes_what_is_in_flight_on_sigterm():
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from course_lib.serve import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "course_lib.serve", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.2)
+        lines, started = [], threading.Event()
+
+        def stream():
+            body = {"prompt": "Once upon a time", "max_tokens": 30, "stream": True, "ignore_eos": True}
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line)
+                        started.set()
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        assert started.wait(60)
+        proc.send_signal(signal.SIGTERM)  # while the answer is streaming
+        reader.join(timeout=60)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"  # finished, not cut off

@@ -10,13 +10,14 @@ abort the rest, exit.
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 from pathlib import Path
-
-import uvicorn
 
 from ..chapter import quiet_libraries
 from ..engine.llm import LLM
 from .app import create_app
+from .background import BackgroundServer
 
 
 def kv_memory(text: str) -> int | float:
@@ -52,10 +53,20 @@ def main(argv: list[str] | None = None) -> None:
     llm = LLM(args.model, device=args.device, dtype=args.dtype, quantization=args.quantization, fast_path=True,
               **engine_args)
     name = args.served_model_name or (Path(args.model).stem if args.model else "SmolLM2-135M-Instruct")
-    app = create_app(llm, name, args.default_max_tokens)
+    # uvicorn in a thread, the engine loop in this one: the thread that loaded the model steps it (see AsyncEngine).
+    app = create_app(llm, name, args.default_max_tokens, engine_thread=False)
+    server = BackgroundServer(app, args.host, args.port, graceful_seconds=args.graceful_seconds).start()
+
+    def stop(signum, frame) -> None:  # uvicorn drains open requests, then the app's shutdown stops the loop
+        server.server.should_exit = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     print(f"serving {name} on http://{args.host}:{args.port}/v1 ({llm.device}, {llm.model.dtype})", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=args.graceful_seconds)
+    watchdog = threading.Thread(target=lambda: (server.thread.join(), app.state.engine.shutdown()), daemon=True)
+    watchdog.start()  # however uvicorn ends, the loop below ends with it
+    app.state.engine.run()  # returns once the server has shut down
+    server.thread.join(timeout=args.graceful_seconds + 10)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,13 @@ from .protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, Sa
                        completion_body, new_id, usage)
 
 
-def create_app(llm: LLM, served_model_name: str = "SmolLM2-135M-Instruct", default_max_tokens: int = 16) -> FastAPI:
-    """A FastAPI app serving `llm` under the name `served_model_name` (what clients pass as `model`)."""
-    engine = AsyncEngine(llm.engine)
+def create_app(llm: LLM, served_model_name: str = "SmolLM2-135M-Instruct", default_max_tokens: int = 16,
+               engine_thread: bool = True) -> FastAPI:
+    """A FastAPI app serving `llm` under the name `served_model_name` (what clients pass as `model`).
+
+    `engine_thread=False`: the engine is stepped by whoever calls `app.state.engine.run()` (see `AsyncEngine`).
+    """
+    engine = AsyncEngine(llm.engine, start_thread=engine_thread)
     metrics = ServerMetrics(engine, served_model_name)
 
     @asynccontextmanager

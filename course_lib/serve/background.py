@@ -25,10 +25,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 class BackgroundServer:
     """Serve `app` on `host:port` (a free port by default) from a daemon thread until `stop()`."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int | None = None):
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int | None = None, graceful_seconds: int = 10):
         self.host, self.port = host, port or free_port(host)
         self.server = uvicorn.Server(uvicorn.Config(app, host=self.host, port=self.port, log_level="warning",
-                                                    timeout_graceful_shutdown=10))
+                                                    timeout_graceful_shutdown=graceful_seconds))
         self.thread = threading.Thread(target=self.server.run, name="course_lib-server", daemon=True)
 
     @property
@@ -45,7 +45,7 @@ class BackgroundServer:
         return self
 
     def stop(self) -> None:
-        """Stop accepting, let open requests finish (10 s at most), shut the engine thread down."""
+        """Stop accepting, let open requests finish (`graceful_seconds` at most), shut the engine down."""
         self.server.should_exit = True
         self.thread.join(timeout=30)
 
