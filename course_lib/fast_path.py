@@ -88,8 +88,7 @@ def pack_linears(model: Transformer) -> Transformer:
         return model
     for name, module in list(model.named_modules()):
         if type(module) is nn.Linear:
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, child, PackedLinear(module))
+            model.set_submodule(name, PackedLinear(module))
     return model
 
 

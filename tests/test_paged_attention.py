@@ -164,6 +164,10 @@ def test_cpp_decode_kernel_matches_torch(case, dtype, atol):
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
 
 
+def test_cpp_kernel_is_for_the_cpu_only():
+    assert not cpu_paged.available("cuda") and not cpu_paged.available("meta")
+
+
 @needs_cpp
 def test_cpp_kernel_in_the_backend_decode_and_mixed_steps():
     for seqs in ([(5, 1), (17, 1), (2, 1)], [(7, 7), (13, 5), (10, 1), (1, 1), (9, 4)]):  # decode only; mixed

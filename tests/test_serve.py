@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 
 import httpx
 import pytest
 
 from course_lib import SamplingParams
-from course_lib.serve import BackgroundServer, create_app
+from course_lib.serve import BackgroundServer, create_app, free_port, wait_until_healthy
 from course_lib.serve.bench import main as bench_main
+from course_lib.serve.watch import parse_metrics
 
 openai = pytest.importorskip("openai")
 NAME = "smollm2-test"
@@ -29,10 +29,9 @@ def client(server):
 
 
 def metric(server, name: str) -> float:
-    text = httpx.get(server.url + "/metrics").text
-    found = re.search(rf"^course_lib:{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
-    assert found, f"course_lib:{name} is not in /metrics"
-    return float(found.group(1))
+    values = parse_metrics(httpx.get(server.url + "/metrics").text)
+    assert name in values, f"course_lib:{name} is not in /metrics"
+    return values[name]
 
 
 def test_models_health_and_metric_names(server, client):
@@ -155,7 +154,7 @@ def test_watcher_and_plots_of_a_concurrency_sweep(server):
     import pandas as pd
 
     from course_lib.serve.bench import benchmark
-    from course_lib.serve.watch import MetricsWatcher, parse_metrics
+    from course_lib.serve.watch import MetricsWatcher
     from course_lib.viz.serving import plot_concurrency_sweep, plot_metrics_timeline
 
     rows = []
@@ -179,22 +178,12 @@ def test_the_server_process_finishes_what_is_in_flight_on_sigterm():
     import sys
     import threading
 
-    from course_lib.serve import free_port
-
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "course_lib.serve", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.2)
+        wait_until_healthy(url, proc)
         lines, started = [], threading.Event()
 
         def stream():

@@ -50,9 +50,11 @@ def _extension():
         return None
 
 
-def available() -> bool:
-    """True when the kernel is built (building it now if needed). COURSE_LIB_NO_CPP=1 turns it off."""
-    return _extension() is not None
+def available(device: torch.device | str = "cpu") -> bool:
+    """True when `device` is the CPU and the kernel is built (building it now if needed).
+
+    COURSE_LIB_NO_CPP=1 turns it off."""
+    return torch.device(device).type == "cpu" and _extension() is not None
 
 
 def cpu_paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,

@@ -220,7 +220,7 @@ class PagedAttention:
                  use_triton: bool | None = None, use_cpp: bool = False):
         self.kv_cache, self.attn_metadata = kv_cache, attn_metadata
         self.use_triton = triton_available(kv_cache.device) if use_triton is None else use_triton
-        self.use_cpp = use_cpp and kv_cache.device.type == "cpu" and cpu_paged.available()
+        self.use_cpp = use_cpp and cpu_paged.available(kv_cache.device)
         md, device = attn_metadata, kv_cache.device
         qsl = md.query_start_loc_cpu
         query_lens = [qsl[i + 1] - qsl[i] for i in range(md.num_seqs)]

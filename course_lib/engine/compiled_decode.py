@@ -103,7 +103,7 @@ class CompiledDecodeStep:
 
     def __init__(self, model: Transformer, kv_cache: PagedKVCache, use_cpp: bool = False):
         self.model, self.kv_cache = model, kv_cache
-        self.use_cpp = use_cpp and model.device.type == "cpu" and cpu_paged.available()
+        self.use_cpp = use_cpp and cpu_paged.available(model.device)
         # Steps with more sequences than this run eagerly: with attention compiled from PyTorch ops the
         # batched graph was slower than eager (see the module docstring); with the C++ kernel it was faster.
         self.max_seqs = 1 << 30 if self.use_cpp else 1

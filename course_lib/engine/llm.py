@@ -47,7 +47,9 @@ class LLM:
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: torch.dtype | str | None = None, quantization: str | None = None,
                  group_size: int = 32, fast_path: bool = False, **engine_args):
-        if fast_path is True:
+        if not isinstance(fast_path, bool):
+            raise TypeError(f"fast_path must be True or False, got {fast_path!r}")
+        if fast_path:
             engine_args.setdefault("cpp_decode_attention", True)
         engine_config = EngineConfig.from_options(engine_args)  # a misspelled option fails before the model loads
         if quantization is not None:
@@ -55,8 +57,6 @@ class LLM:
 
             if quantization not in METHODS:
                 raise ValueError(f"quantization must be None or one of {METHODS}, got {quantization!r}")
-        if not isinstance(fast_path, bool):
-            raise TypeError(f"fast_path must be True or False, got {fast_path!r}")
         group_size = number("group_size", group_size, Integral, lambda v: v >= 1, "an integer >= 1")
         self.device = resolve_device(device)
         self.model = load_model(model, device=self.device, dtype=resolve_dtype(dtype, default_dtype(self.device)))

@@ -19,9 +19,10 @@ from .scheduler import ScheduledBatch
 class ModelRunner:
     """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`.
 
-    With `compile_decode=True`, decode steps of one sequence go through a `CompiledDecodeStep`
-    (compiled here, once); prefill, mixed and batched steps run eagerly. `cpp_decode_attention=True`
-    gives their decode rows the C++ kernel on the CPU (`PagedAttention(use_cpp=True)`).
+    With `compile_decode=True`, decode-only steps go through a `CompiledDecodeStep` (compiled here,
+    once): steps of one sequence always, batched ones when it uses the C++ kernel (its `max_seqs`);
+    other steps run eagerly. `cpp_decode_attention=True` gives decode rows the C++ kernel on the CPU,
+    in the compiled graph and in eager steps (`PagedAttention(use_cpp=True)`).
     """
 
     def __init__(self, model: Transformer, kv_cache: PagedKVCache, compile_decode: bool = False,

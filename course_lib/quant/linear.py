@@ -236,9 +236,7 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 128, backend
                                      linear.out_features, group_size)
         if why is not None:
             fallbacks.append(f"{name} ({why})")
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, QuantLinear.from_linear(linear, method, group_size, chosen))
+        model.set_submodule(name, QuantLinear.from_linear(linear, method, group_size, chosen))
     if fallbacks:
         warnings.warn(f"quantize_model: {len(fallbacks)} layer(s) use the slower 'torch' backend: "
                       + "; ".join(fallbacks[:5]) + (" ..." if len(fallbacks) > 5 else ""), stacklevel=2)

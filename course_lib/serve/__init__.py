@@ -6,6 +6,6 @@
 In Python: `create_app(llm)` (app.py) is the FastAPI app; `BackgroundServer` runs it in a thread.
 """
 from .app import create_app
-from .background import BackgroundServer, free_port
+from .background import BackgroundServer, free_port, wait_until_healthy
 
-__all__ = ["create_app", "BackgroundServer", "free_port"]
+__all__ = ["create_app", "BackgroundServer", "free_port", "wait_until_healthy"]

@@ -8,11 +8,33 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
+
+
+def wait_until_healthy(base_url: str, process: subprocess.Popen | None = None, timeout: float = 120) -> float:
+    """Poll `base_url`/health until it answers 200; returns the seconds it took.
+
+    Raises if `timeout` passes or `process` (a server started with `python -m course_lib.serve`) exits first,
+    with what it printed."""
+    t0 = time.perf_counter()
+    while True:
+        try:
+            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
+                return time.perf_counter() - t0
+        except httpx.TransportError:
+            pass
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited with status {process.returncode}:\n"
+                               + (process.stdout.read() if process.stdout else ""))
+        if time.perf_counter() - t0 > timeout:
+            raise RuntimeError(f"the server at {base_url} did not answer /health within {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -106,10 +106,13 @@ def chat_widget(llm, params: SamplingParams | None = None, system: str | None = 
     def visible() -> list[dict]:
         return [m for m in session.messages if m["role"] != "system"]
 
+    def show(reply: str, stats: ReplyStats) -> None:  # called from the reply's thread, once per step
+        log.value = render_messages(visible(), reply)
+        readout.value = stats.readout()
+
     def run(text: str) -> None:
         try:
-            session.send(text, lambda reply, stats: (setattr(log, "value", render_messages(visible()[:], reply)),
-                                                     setattr(readout, "value", stats.readout())))
+            session.send(text, show)
             log.value = render_messages(visible())
         finally:
             send.disabled, box.disabled, stop.disabled = False, False, True
