@@ -61,6 +61,7 @@ class Workload:
     concurrency: tuple[int, ...] = (16, 64)
     uniform_output: int = 64
     repeats: int = 3
+    output_kinds: tuple[str, ...] = ("uniform", "long-tailed")
 
 
 def median_time(fn, repeats: int) -> tuple[float, list[float]]:
@@ -83,12 +84,16 @@ def output_lengths(n: int, kind: str, uniform: int, seed: int = 0) -> list[int]:
 class EngineSystem:
     """The engine through its offline API, prefix caching off (every prompt pays for its prefill)."""
 
-    def __init__(self, device, dtype, quantization=None, fast_path=False, compile_decode=False):
-        self.name = "engine compiled" if compile_decode else "engine fast" if fast_path else "engine"
-        self.llm = LLM(device=device, dtype=dtype, quantization=quantization, enable_prefix_caching=False,
-                       fast_path=fast_path, compile_decode=compile_decode)
-        self.model = self.llm.model
-        self.compile_seconds = self.llm.engine.stats.compile_seconds
+    def __init__(self, llm: LLM, name: str = "engine"):
+        self.llm, self.name, self.model = llm, name, llm.model
+        self.compile_seconds = llm.engine.stats.compile_seconds
+
+    @classmethod
+    def load(cls, device, dtype, quantization=None, fast_path=False, compile_decode=False) -> "EngineSystem":
+        """The default model, in one of the variants of `ENGINES`."""
+        name = "engine compiled" if compile_decode else "engine fast" if fast_path else "engine"
+        return cls(LLM(device=device, dtype=dtype, quantization=quantization, enable_prefix_caching=False,
+                       fast_path=fast_path, compile_decode=compile_decode), name)
 
     def decode(self, prompt: list[int], n: int) -> float:
         """Seconds between the first and the last of n tokens."""
@@ -110,10 +115,14 @@ class TransformersSystem:
 
     name = "transformers"
 
-    def __init__(self, device, dtype):
-        self.model = load_reference_model(dtype).to(device).eval()
-        self.device = torch.device(device)
+    def __init__(self, model):
+        self.model, self.device = model.eval(), model.device
         self.pad = self.model.config.eos_token_id if isinstance(self.model.config.eos_token_id, int) else 0
+
+    @classmethod
+    def load(cls, device, dtype) -> "TransformersSystem":
+        """transformers' own reading of the default model's GGUF file."""
+        return cls(load_reference_model(dtype).to(device))
 
     @torch.inference_mode()
     def _generate(self, prompts: list[list[int]], n: int) -> None:
@@ -223,7 +232,7 @@ def measure_system(system, precision: str, work: Workload, tok, config, ceilings
     if hasattr(system, "batch"):
         for c in work.concurrency:
             prompts = [synthetic_prompt_ids(tok, 48 + (i * 37) % 80, tag=100 + i) for i in range(c)]
-            for kind in ("uniform", "long-tailed"):
+            for kind in work.output_kinds:
                 lengths = output_lengths(c, kind, work.uniform_output)
                 sec, times = median_time(lambda: system.batch(prompts, lengths), max(1, work.repeats - 2))
                 results.append(Result(system.name, precision, f"throughput_{c}_{kind}", sum(lengths) / sec,
@@ -237,7 +246,7 @@ ENGINES = ("engine", "engine fast", "engine compiled")  # reference model; fused
 def _float_dtype(precision: str) -> torch.dtype:
     """The model's float dtype: INT8/INT4 layers compute in bfloat16 on the CPU, so their rows keep the
     embeddings, norms and float lm_head in bfloat16 too (57 MB instead of 113 MB read a token)."""
-    return torch.float32 if precision == "float32" else torch.bfloat16
+    return {"float32": torch.float32, "float16": torch.float16}.get(precision, torch.bfloat16)
 
 
 def print_table(results: list[Result]) -> None:
@@ -315,8 +324,8 @@ def main() -> None:
         for variant in args.engines.split(","):
             if variant not in ENGINES:
                 raise SystemExit(f"unknown engine variant {variant!r}; choose from {ENGINES}")
-            engine = EngineSystem(device, fdtype, quant, fast_path=variant != "engine",
-                                  compile_decode=variant == "engine compiled")
+            engine = EngineSystem.load(device, fdtype, quant, fast_path=variant != "engine",
+                                       compile_decode=variant == "engine compiled")
             tok, config = engine.llm.tokenizer, engine.model.config
             wbytes = weight_bytes(engine.model)
             compiled = f", compiled in {engine.compile_seconds:.0f} s" if engine.compile_seconds else ""
@@ -329,7 +338,7 @@ def main() -> None:
             gc.collect()
         if quant is None and not args.no_transformers:
             print(f"transformers {precision} ...", flush=True)
-            hf = TransformersSystem(device, fdtype)
+            hf = TransformersSystem.load(device, fdtype)
             results += measure_system(hf, precision, work, tok, config, ceilings_for(fdtype), wbytes)
             del hf
             gc.collect()

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from benchmarks import roofline  # noqa: E402
 from course_lib import load_tokenizer  # noqa: E402
-from course_lib.dtypes import resolve_device, resolve_dtype  # noqa: E402
+from course_lib.dtypes import resolve_device_dtype  # noqa: E402
 from course_lib.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from course_lib.profiling.loadtest import fit_line, single_request_latency, sweep_concurrency  # noqa: E402
 from course_lib.profiling.memory import weight_bytes  # noqa: E402
@@ -148,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    device, dtype = resolve_device_dtype(args.device, args.dtype)
     start, status = time.perf_counter(), 0
     if "roofline" in args.only:
         status = roofline.main(["--out", str(out_dir / "roofline.png"), "--device", str(device),

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from course_lib.config import ModelConfig
-from course_lib.dtypes import resolve_device, resolve_dtype
+from course_lib.dtypes import resolve_device_dtype
 from course_lib.model import Transformer
 from course_lib.profiling import measure_ceilings, measure_decode, measure_prefill
 from course_lib.profiling.plots import plot_roofline
@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    device, dtype = resolve_device_dtype(args.device, args.dtype)
     model, label = load(args.random, device, dtype)
     print(f"model: {label}, {model.config.num_parameters() / 1e6:.1f} M parameters, {device} {dtype}, "
           f"{torch.get_num_threads()} CPU threads")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .dtypes import default_dtype, resolve_device, resolve_dtype
+from .dtypes import resolve_device_dtype
 
 
 @dataclass
@@ -69,8 +69,8 @@ def setup_chapter(device: torch.device | str | None = None, dtype: torch.dtype |
     quiet_libraries()
     device = device if device is not None else os.environ.get("COURSE_DEVICE") or None
     dtype = dtype if dtype is not None else os.environ.get("COURSE_DTYPE") or None
-    dev = resolve_device(device)
-    setup = ChapterSetup(dev, resolve_dtype(dtype, default_dtype(dev)), torch.get_num_threads(), processor_name(dev))
+    dev, dt = resolve_device_dtype(device, dtype)
+    setup = ChapterSetup(dev, dt, torch.get_num_threads(), processor_name(dev))
     torch.manual_seed(seed)
     if verbose:
         print(f"device: {setup.device.type} ({setup.name}) | dtype: {str(setup.dtype).removeprefix('torch.')} | "

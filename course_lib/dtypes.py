@@ -23,11 +23,21 @@ def resolve_dtype(dtype: torch.dtype | str | None, default: torch.dtype = torch.
 
 
 def default_dtype(device: torch.device | str) -> torch.dtype:
-    """The engine's dtype for a device: bfloat16 on a GPU that has it, float16 on one that does not, float32 on the CPU."""
+    """The engine's dtype for a device: bfloat16 on a GPU that has it, float16 on one that does not, float32 on the CPU.
+
+    "Has it" means native bfloat16 matmuls: compute capability 8.0 or later (Ampere: A100, A10, L4, RTX 30xx
+    and newer) or an AMD GPU. A T4 (7.5) gets float16. `torch.cuda.is_bf16_supported()` is not the test:
+    by default it also says yes where bfloat16 is only emulated, which on a T4 is several times slower.
+    In float16 the model keeps its overflow-prone sums in float32: RMSNorm's mean of squares, the
+    attention softmax (SDPA and the Triton kernel accumulate in float32) and the sampler's softmax.
+    """
     device = torch.device(device)
     if device.type != "cuda":
         return torch.float32
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if torch.version.hip:
+        return torch.bfloat16
+    major, _ = torch.cuda.get_device_capability(device)
+    return torch.bfloat16 if major >= 8 else torch.float16
 
 
 def default_device() -> str:
@@ -44,3 +54,11 @@ def resolve_device(device: torch.device | str | None) -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} needs a CUDA GPU, and none is visible here; use device='cpu'")
     return resolved
+
+
+def resolve_device_dtype(device: torch.device | str | None = None,
+                         dtype: torch.dtype | str | None = None) -> tuple[torch.device, torch.dtype]:
+    """The whole policy in one call, for every entry point: the device (CUDA when present, else the CPU)
+    and the dtype asked for, or the device's default (`default_dtype`)."""
+    resolved = resolve_device(device)
+    return resolved, resolve_dtype(dtype, default_dtype(resolved))

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .config import ModelConfig
-from .dtypes import resolve_device, resolve_dtype
+from .dtypes import resolve_device_dtype, resolve_dtype
 from .model import Transformer, rope_inv_freq
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -100,10 +100,10 @@ def _download_from_hub(repo_id: str) -> Path:
 
 def load_model(model: str | Path | None = None, device: str | torch.device | None = None,
                dtype: torch.dtype | str | None = None) -> Transformer:
-    """Load a model into the engine's `Transformer`, in eval mode, float32 on the CPU unless told otherwise."""
+    """Load a model into the engine's `Transformer`, in eval mode, on `device` (default: CUDA when present, else
+    the CPU) in `dtype` (default: the device's, `course_lib.dtypes.default_dtype`: float32 on the CPU)."""
     files = resolve_model(model)
-    device = resolve_device(device) if device is not None else torch.device("cpu")
-    dtype = resolve_dtype(dtype)
+    device, dtype = resolve_device_dtype(device, dtype)
     if files.kind == "gguf":
         from .gguf_file import read_gguf_model
 

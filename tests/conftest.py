@@ -38,7 +38,7 @@ def model():
     """The engine's SmolLM2-135M-Instruct, float32, CPU. Shared: tests must not modify it."""
     import course_lib
 
-    return course_lib.load_model()
+    return course_lib.load_model(device="cpu")
 
 
 @pytest.fixture(scope="session")

@@ -14,14 +14,31 @@ from typing import Iterator
 import torch
 
 from ..checks import Integral, number
-from ..dtypes import default_dtype, resolve_device, resolve_dtype
+from ..dtypes import resolve_device_dtype
 from ..loading import load_model
+from ..model import Transformer
 from ..sampling import SamplingParams
-from ..tokenizer import load_tokenizer
+from ..tokenizer import Tokenizer, load_tokenizer
 from .llm_engine import EngineConfig, LLMEngine
 from .sequence import RequestOutput
 
 Prompt = str | list[int]  # text, or token ids already encoded
+
+
+def _check_options(quantization: str | None, group_size: int, fast_path: bool,
+                   engine_args: dict) -> tuple[EngineConfig, int]:
+    """The engine options and the model options, checked before any weight is touched."""
+    if not isinstance(fast_path, bool):
+        raise TypeError(f"fast_path must be True or False, got {fast_path!r}")
+    if fast_path:
+        engine_args.setdefault("cpp_decode_attention", True)
+    engine_config = EngineConfig.from_options(engine_args)  # a misspelled option fails before the model loads
+    if quantization is not None:
+        from ..quant.linear import METHODS
+
+        if quantization not in METHODS:
+            raise ValueError(f"quantization must be None or one of {METHODS}, got {quantization!r}")
+    return engine_config, number("group_size", group_size, Integral, lambda v: v >= 1, "an integer >= 1")
 
 
 class LLM:
@@ -47,20 +64,24 @@ class LLM:
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: torch.dtype | str | None = None, quantization: str | None = None,
                  group_size: int = 32, fast_path: bool = False, **engine_args):
-        if not isinstance(fast_path, bool):
-            raise TypeError(f"fast_path must be True or False, got {fast_path!r}")
-        if fast_path:
-            engine_args.setdefault("cpp_decode_attention", True)
-        engine_config = EngineConfig.from_options(engine_args)  # a misspelled option fails before the model loads
-        if quantization is not None:
-            from ..quant.linear import METHODS
+        engine_config, group_size = _check_options(quantization, group_size, fast_path, engine_args)
+        device, dtype = resolve_device_dtype(device, dtype)  # the policy: course_lib.dtypes
+        weights = load_model(model, device=device, dtype=dtype)
+        self._start(weights, load_tokenizer(model), engine_config, quantization, group_size, fast_path)
 
-            if quantization not in METHODS:
-                raise ValueError(f"quantization must be None or one of {METHODS}, got {quantization!r}")
-        group_size = number("group_size", group_size, Integral, lambda v: v >= 1, "an integer >= 1")
-        self.device = resolve_device(device)
-        self.model = load_model(model, device=self.device, dtype=resolve_dtype(dtype, default_dtype(self.device)))
-        self.tokenizer = load_tokenizer(model)
+    @classmethod
+    def from_model(cls, model: Transformer, tokenizer: Tokenizer, quantization: str | None = None,
+                   group_size: int = 32, fast_path: bool = False, **engine_args) -> "LLM":
+        """An LLM around a model already in memory (random weights of a real shape, a model built in a notebook),
+        on the model's device and dtype. `fast_path` and `quantization` change `model` in place."""
+        llm = cls.__new__(cls)
+        engine_config, group_size = _check_options(quantization, group_size, fast_path, engine_args)
+        llm._start(model, tokenizer, engine_config, quantization, group_size, fast_path)
+        return llm
+
+    def _start(self, model: Transformer, tokenizer: Tokenizer, engine_config: EngineConfig,
+               quantization: str | None, group_size: int, fast_path: bool) -> None:
+        self.device, self.model, self.tokenizer = model.device, model, tokenizer
         if fast_path:
             from ..fast_path import use_fast_path
 

@@ -1,0 +1,95 @@
+"""The device and dtype policy (`course_lib.dtypes`) on GPUs this machine does not have.
+
+A T4 (Colab's free GPU, compute capability 7.5) has no native bfloat16, an A100 (8.0) and an H100 (9.0)
+have it. The tests patch torch.cuda's queries to play each card, then check what every entry point picks.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import course_lib
+from course_lib.chapter import setup_chapter
+from course_lib.dtypes import default_dtype, resolve_device_dtype
+from course_lib.fast_path import FusedRMSNorm
+from course_lib.model import RMSNorm
+
+CARDS = {  # name: (compute capability, the dtype the engine must pick)
+    "Tesla T4": ((7, 5), torch.float16),
+    "NVIDIA A100-SXM4-80GB": ((8, 0), torch.bfloat16),
+    "NVIDIA H100 80GB HBM3": ((9, 0), torch.bfloat16),
+}
+
+
+@pytest.fixture(params=sorted(CARDS))
+def card(request, monkeypatch):
+    """Pretend a CUDA GPU is present: the card's name and capability; bfloat16 'supported' (emulated) on all."""
+    name = request.param
+    capability, _ = CARDS[name]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    return name
+
+
+def test_default_dtype_per_card(card):
+    want = CARDS[card][1]
+    assert default_dtype("cuda") == want
+    assert default_dtype("cuda:0") == want
+    assert default_dtype("cpu") == torch.float32
+
+
+def test_device_none_picks_the_gpu_and_its_dtype(card):
+    want = CARDS[card][1]
+    assert resolve_device_dtype() == (torch.device("cuda"), want)
+    assert resolve_device_dtype("cpu") == (torch.device("cpu"), torch.float32)
+    assert resolve_device_dtype(None, "float32") == (torch.device("cuda"), torch.float32)  # asked for wins
+    assert resolve_device_dtype("cuda", torch.bfloat16)[1] == torch.bfloat16
+
+
+def test_entry_points_follow_the_policy(card, monkeypatch, capsys):
+    """setup_chapter, load_model and LLM pick the card and its dtype when given nothing."""
+    want = CARDS[card][1]
+    setup = setup_chapter()
+    assert (setup.device.type, setup.dtype, setup.name) == ("cuda", want, card)
+    assert f"device: cuda ({card}) | dtype: {str(want).removeprefix('torch.')}" in capsys.readouterr().out
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_build(config, state, device, dtype):  # no CUDA here: record where the weights would go, then stop
+        seen.update(device=device, dtype=dtype)
+        raise Stop
+
+    monkeypatch.setattr(course_lib.loading, "build_model", fake_build)
+    for entry in (course_lib.load_model, course_lib.LLM):
+        seen.clear()
+        with pytest.raises(Stop):
+            entry()
+        assert seen == {"device": torch.device("cuda"), "dtype": want}, entry
+
+
+def test_cpu_only_machine_picks_float32(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device_dtype() == (torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        resolve_device_dtype("cuda")
+
+
+@pytest.mark.parametrize("norm_cls", [RMSNorm, FusedRMSNorm])
+def test_rmsnorm_does_not_overflow_in_float16(norm_cls):
+    """Activations of a few hundred square to more than float16's maximum (65504): the mean of squares
+    must be taken in float32, as Llama does, or the norm returns zeros and NaNs."""
+    torch.manual_seed(0)
+    norm = norm_cls(64, eps=1e-5)
+    x = torch.randn(3, 64) * 1000
+    naive = x.half() * torch.rsqrt(x.half().pow(2).mean(-1, keepdim=True) + 1e-5)  # what float16 alone gives
+    assert naive.abs().max() == 0  # inf mean of squares -> rsqrt 0: the activations vanish
+    got = norm.half()(x.half())
+    want = norm.float()(x)
+    assert got.dtype == torch.float16 and torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)

@@ -1,0 +1,60 @@
+"""benchmarks/gpu_check.py: its --cpu rehearsal runs end to end (CI's stand-in for the GPU run), and its
+checks fail when the engine is wrong."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import gpu_check
+from course_lib import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=64, vocab_size=1024, max_position_embeddings=256)
+
+
+@pytest.mark.slow
+def test_cpu_rehearsal_writes_every_check_and_figure(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["passed"] and report["env"]["device"] == "cpu" and report["env"]["policy_dtype"] == "torch.float32"
+    names = {c["name"] for c in report["checks"]}
+    for shape in gpu_check.SHAPES:
+        for dtype in ("float32", "bfloat16"):
+            assert {f"{shape} {dtype} logits", f"{shape} {dtype} greedy"} <= names
+    assert sum(c["section"] == "triton" for c in report["checks"]) == 4
+    assert all(c["passed"] for c in report["checks"])
+    figures = {(r["shape"], r["system"], r["metric"]) for r in report["speed"]}
+    for shape in gpu_check.SHAPES:
+        for system in ("engine", "transformers"):
+            for metric in ("decode_tok_s", "throughput_32_uniform", "throughput_128_uniform"):
+                assert (shape, system, metric) in figures
+    assert all(r["value"] > 0 for r in report["speed"])
+    assert "not built" in report["cuda_graphs"]
+    assert "128 requests / transformers batch-1" in proc.stdout
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_checks_pass_on_the_same_weights_and_fail_on_others(dtype):
+    tokenizer = load_tokenizer()
+    hf, model = gpu_check.random_pair(TINY, torch.device("cpu"), dtype)
+    report = gpu_check.Report(env={})
+    gpu_check.check_against_transformers(report, "tiny", hf, model, tokenizer, dtype)
+    assert [c.passed for c in report.checks] == [True, True]
+
+    hf, model = gpu_check.random_pair(TINY, torch.device("cpu"), dtype)
+    with torch.no_grad():  # a new tensor, so the reference (which shares the old one) stays right
+        w = model.layers[1].mlp.down_proj.weight
+        model.layers[1].mlp.down_proj.weight = torch.nn.Parameter(w * 1.5, requires_grad=False)
+    report = gpu_check.Report(env={})
+    gpu_check.check_against_transformers(report, "tiny, one layer off", hf, model, tokenizer, dtype)
+    assert not report.checks[0].passed  # logits
+    assert report.checks[0].value > gpu_check.TOLERANCE[dtype]
