@@ -93,3 +93,15 @@ def test_rmsnorm_does_not_overflow_in_float16(norm_cls):
     want = norm.float()(x)
     assert got.dtype == torch.float16 and torch.isfinite(got).all()
     torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("fast_path", [False, True])
+def test_float16_engine_answers_like_float32(llm, fast_path):
+    """What a T4 runs, on the CPU: the whole engine in float16 (paged cache, decode attention, sampler)."""
+    params = course_lib.SamplingParams(max_tokens=12, temperature=0)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    want = llm.chat(question, params)[0].outputs[0]
+    half = course_lib.LLM(device="cpu", dtype="float16", fast_path=fast_path)
+    assert half.model.dtype == torch.float16
+    got = half.chat(question, params)[0].outputs[0]
+    assert got.token_ids == want.token_ids, (got.text, want.text)
