@@ -132,7 +132,7 @@ def measure_prefill(model: torch.nn.Module, num_tokens: int = 512, batch: int = 
         model(ids, kv=cache, last_only=True)
 
     timing = measure(step, repeats=repeats, warmup=warmup, device=dev)
-    cost = prefill_cost(cfg, num_tokens, batch, dtype=model.dtype, weight_bytes=_weights_read(model),
+    cost = prefill_cost(cfg, num_tokens, batch, dtype=model.dtype, weight_bytes=weights_read(model),
                         logits_tokens=1)
     return RooflinePoint(f"prefill {num_tokens} tok", cost, timing)
 
@@ -154,11 +154,11 @@ def measure_decode(model: torch.nn.Module, context_len: int = 512, batch: int = 
         model(ids, kv=cache)
 
     timing = measure(step, repeats=repeats, warmup=warmup, device=dev)
-    cost = decode_cost(cfg, context_len, batch, dtype=model.dtype, weight_bytes=_weights_read(model))
+    cost = decode_cost(cfg, context_len, batch, dtype=model.dtype, weight_bytes=weights_read(model))
     return RooflinePoint(f"decode b={batch} ctx {context_len}", cost, timing)
 
 
-def _weights_read(model: torch.nn.Module) -> int:
+def weights_read(model: torch.nn.Module) -> int:
     """Bytes of weights a step reads: all of them, less an untied input embedding table (only rows are gathered)."""
     total = weight_bytes(model)
     emb = model.embed_tokens.weight

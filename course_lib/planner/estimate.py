@@ -1,0 +1,228 @@
+"""`plan`: from a model and a device to memory, TTFT, output speed and how many users fit.
+
+Memory (every term computed by the course's own code, nothing re-derived here):
+
+    weights      the engine's `Transformer` built on the meta device (no memory), its linear layers swapped
+                 for `QuantLinear` when quantized, summed by `profiling.memory.weight_bytes`
+    KV cache     `kv_bytes_per_token` x context x users
+    activations  `activation_bytes` of one prefill chunk (the engine's `max_num_batched_tokens`)
+
+Time: a step that reads B bytes and does F FLOPs (`profiling.flops.prefill_cost` / `decode_cost`) takes
+
+    t = B / (bandwidth x bandwidth_fraction) + F / (peak FLOP/s x flops_fraction)
+
+with one flops_fraction for a prefill and a smaller one for a decode step: a decode step's matmuls have one
+row per user, too few to keep the vector units (or a GPU's tensor-core tiles) busy. The two terms are
+added, not maxed as in the ideal roofline: on the CPU this was validated on, decode steps of 2 to 32 requests
+came within 25% of the sum (its two terms about equal at 16 requests, where the max would be half the measured
+time). Where one term dominates (a GPU's decode: bytes; a long prefill: FLOPs), sum and max differ little.
+TTFT is one prefill of `prompt_len` tokens; TPOT one decode step with every user's cache `context_len`
+tokens long (the slowest step: weights read once for the whole batch, plus each user's KV).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, NamedTuple
+
+import torch
+import torch.nn as nn
+
+from ..config import ModelConfig
+from ..dtypes import resolve_dtype
+from ..engine.llm_engine import EngineConfig
+from ..model import Transformer
+from ..profiling.flops import StepCost, decode_cost, prefill_cost
+from ..profiling.memory import activation_bytes, bytes_per_value, weight_bytes
+from ..profiling.roofline import weights_read
+from ..quant.linear import QuantLinear
+from .devices import GiB, DeviceSpec, dtype_name, find_device
+from .presets import load_config
+
+# The shares of this machine's measured ceilings (`DeviceSpec.measure()`) that the engine reached, from
+# `validate.calibrate(LLM())` on a 2-core Intel Xeon (AVX-512, 2.6 GHz), torch 2.13, float32, the reference
+# engine (`LLM()`'s default): the medians of four sessions of 5 rounds, two while other programs ran on the host
+# (copy 24-26 GB/s, matmul 320-350 GFLOP/s): (0.505, 0.702, 0.292), (0.518, 0.688, 0.292), and two on a quiet
+# one (27-28 GB/s, 380-395 GFLOP/s): (0.605, 0.770, 0.349), (0.618, 0.713, 0.343). The engine's small steps gain
+# more from a quiet host than a copy or a big matmul do, hence the spread. On a datasheet device the same shares
+# multiply the datasheet's peaks, which a copy or a matmul on that card does not quite reach either: pass
+# fractions measured on the card when you have them.
+BANDWIDTH_FRACTION = 0.56  # a batch-1 decode step streams its weights at about half a large copy's bytes/s
+PREFILL_FLOPS_FRACTION = 0.71  # a 512-token prefill: matmuls 512 rows tall
+DECODE_FLOPS_FRACTION = 0.32  # a 16-request decode step: matmuls 16 rows tall
+MEMORY_UTILIZATION = 0.9  # vLLM's default gpu_memory_utilization: 10% left for the CUDA context, allocator, ...
+WEIGHT_BITS = {None: None, 8: "int8", 4: "int4"}  # weight_bits -> `QuantLinear` method (None: not quantized)
+
+
+@dataclass
+class Plan:
+    """Memory, speed and capacity of one model on one device, each figure with the formula it came from."""
+
+    model: str
+    device: str
+    dtype: str
+    weights: str  # "bfloat16", "int8", "int4, groups of 32"
+    context_len: int
+    concurrency: int
+    prompt_len: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    kv_bytes: int
+    activation_bytes: int
+    total_bytes: int
+    memory_bytes: int  # the device's
+    usable_bytes: int  # memory_bytes x memory_utilization
+    fits: bool
+    max_concurrency: int  # users of context_len tokens that fit next to the weights
+    ttft_s: float
+    tpot_s: float
+    decode_tokens_per_s: float  # one user's output speed
+    total_tokens_per_s: float  # all users together
+    formulas: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(figure, value, formula) for each figure, in reading order."""
+        gib = lambda b: f"{b / GiB:,.2f} GiB"  # noqa: E731
+        values = {
+            "weights": gib(self.weight_bytes), "KV cache per token": f"{self.kv_bytes_per_token / 1024:,.0f} KiB",
+            "KV cache": gib(self.kv_bytes), "activations": gib(self.activation_bytes), "total": gib(self.total_bytes),
+            "fits": ("yes" if self.fits else "NO") + f" (usable {gib(self.usable_bytes)} of {gib(self.memory_bytes)})",
+            "max users": f"{self.max_concurrency:,}", "TTFT": _seconds(self.ttft_s), "TPOT": _seconds(self.tpot_s),
+            "tokens/s per user": f"{self.decode_tokens_per_s:,.1f}",
+            "tokens/s in total": f"{self.total_tokens_per_s:,.1f}",
+        }
+        return [(name, value, self.formulas.get(name, "")) for name, value in values.items()]
+
+    def table(self) -> str:
+        """The plan as a text table, with a title line saying what was asked."""
+        rows = self.rows()
+        w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+        title = (f"{self.model} ({self.weights}) on {self.device}: {_users(self.concurrency)} x "
+                 f"{self.context_len:,} tokens of context, TTFT for a prompt of {self.prompt_len:,} tokens")
+        return "\n".join([title, "-" * len(title)] + [f"{a:<{w0}}  {b:>{w1}}   {c}" for a, b, c in rows])
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _users(n: int) -> str:
+    return f"{n:,} user" + ("s" if n != 1 else "")
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:,.2f}B" if n >= 1e9 else f"{n / 1e6:,.1f}M"
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
+
+
+def _si(x: float, unit: str) -> str:
+    """3.35e12, "B/s" -> "3.35 TB/s"."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:,.3g} {prefix}{unit}"
+    return f"{x:,.3g} {unit}"
+
+
+class WeightMemory(NamedTuple):
+    """Bytes of a model's weights: held in memory, read by each step, and per weight of a linear layer."""
+
+    total: int
+    read: int  # all but an untied input embedding, of which a step gathers only a few rows
+    per_linear_weight: float  # 2 for bfloat16; codes + scales for INT8/INT4
+
+
+def weight_memory(config: ModelConfig, dtype: torch.dtype | str = torch.bfloat16, weight_bits: int | None = None,
+                  group_size: int = 32, kind: str = "gpu") -> WeightMemory:
+    """The weights' bytes, from the engine's own modules built on the meta device (no memory).
+
+    Quantized (`weight_bits` 8 or 4): every linear layer but `lm_head` becomes a `QuantLinear`, as
+    `quantize_model` does, in the layout of the backend the engine would use on that `kind` of device;
+    embeddings, norms and `lm_head` stay in `dtype`.
+    """
+    if weight_bits not in WEIGHT_BITS:
+        raise ValueError(f"weight_bits must be None (not quantized), 8 or 4, got {weight_bits!r}")
+    method = WEIGHT_BITS[weight_bits]
+    with torch.device("meta"):
+        model = Transformer(config).to(resolve_dtype(dtype))
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"]
+    if method is not None:
+        backend = "cpu" if kind == "cpu" else "torch"  # "torch" and "triton" share one layout
+        for name, linear in linears:
+            model.set_submodule(name, QuantLinear(linear.in_features, linear.out_features, method, group_size,
+                                                  linear.bias is not None, backend, "meta", linear.weight.dtype))
+    first = model.get_submodule(linears[0][0])  # q_proj of layer 0, float or quantized
+    per_weight = weight_bytes(first) / (first.in_features * first.out_features)  # its bias (if any) is negligible
+    return WeightMemory(weight_bytes(model), weights_read(model), per_weight)
+
+
+def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpec | str,
+         dtype: torch.dtype | str = "bfloat16", weight_bits: int | None = None, context_len: int = 4096,
+         concurrency: int = 1, prompt_len: int | None = None, group_size: int = 32,
+         bandwidth_fraction: float = BANDWIDTH_FRACTION, prefill_flops_fraction: float = PREFILL_FLOPS_FRACTION,
+         decode_flops_fraction: float = DECODE_FLOPS_FRACTION, memory_utilization: float = MEMORY_UTILIZATION
+         ) -> Plan:
+    """Plan serving `config` on `device` for `concurrency` users holding `context_len` tokens each.
+
+    config: a `ModelConfig`, a `config.json` dict, a preset name or a path (`load_config`); device: a
+    `DeviceSpec` or a name in `DEVICES` (`find_device`). dtype: of the activations, the KV cache and every
+    weight that is not quantized. weight_bits: None (= dtype), 8 or 4 (groups of `group_size`).
+    prompt_len: the prompt TTFT is computed for (default: `context_len`, a prompt that fills the context).
+    """
+    cfg, dev = load_config(config), find_device(device)
+    prompt_len = context_len if prompt_len is None else prompt_len
+    for name, value in (("context_len", context_len), ("concurrency", concurrency), ("prompt_len", prompt_len),
+                        ("group_size", group_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if max(context_len, prompt_len) > cfg.max_position_embeddings:
+        raise ValueError(f"{cfg.name or 'the model'} reads at most {cfg.max_position_embeddings:,} tokens "
+                         f"(max_position_embeddings); context_len {context_len:,} or prompt_len {prompt_len:,} is more")
+    for name, value in (("bandwidth_fraction", bandwidth_fraction), ("memory_utilization", memory_utilization),
+                        ("prefill_flops_fraction", prefill_flops_fraction),
+                        ("decode_flops_fraction", decode_flops_fraction)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+    dt = dtype_name(dtype)
+    peak = dev.peak_flops(dt)
+
+    weights, read, per_weight = weight_memory(cfg, dt, weight_bits, group_size, dev.kind)
+    per_token = cfg.kv_bytes_per_token(dt)
+    kv = per_token * context_len * concurrency
+    chunk = min(prompt_len, EngineConfig.max_num_batched_tokens)  # the engine prefills in steps of this many
+    acts = activation_bytes(cfg, chunk, dtype=dt, logits_tokens=1)
+    usable = int(dev.memory_bytes * memory_utilization)
+    max_users = max(0, (usable - weights - acts) // (per_token * context_len))
+
+    def seconds(cost: StepCost, flops_fraction: float) -> tuple[float, str]:
+        t = cost.bytes / (dev.bandwidth * bandwidth_fraction) + cost.flops / (peak * flops_fraction)
+        return t, (f"{_si(cost.bytes, 'B')} / ({_si(dev.bandwidth, 'B/s')} x {bandwidth_fraction:.2f}) + "
+                   f"{_si(cost.flops, 'FLOP')} / ({_si(peak, 'FLOP/s')} x {flops_fraction:.2f})")
+
+    ttft, ttft_formula = seconds(prefill_cost(cfg, prompt_len, dtype=dt, weight_bytes=read, logits_tokens=1),
+                                 prefill_flops_fraction)
+    tpot, tpot_formula = seconds(decode_cost(cfg, context_len, batch=concurrency, dtype=dt, weight_bytes=read),
+                                 decode_flops_fraction)
+
+    kind = dt if weight_bits is None else f"int{weight_bits}" + (f", groups of {group_size}" * (weight_bits == 4))
+    formulas = {
+        "weights": f"{_count(cfg.num_parameters())} parameters x {bytes_per_value(dt)} bytes ({dt})"
+                   if weight_bits is None else f"linear layers {per_weight:.3f} bytes a weight (QuantLinear: "
+                   f"int{weight_bits} codes + scales), embeddings and lm_head {bytes_per_value(dt)} ({dt})",
+        "KV cache per token": f"2 (K, V) x {cfg.num_layers} layers x {cfg.num_kv_heads} KV heads x {cfg.head_dim} "
+                              f"x {bytes_per_value(dt)} bytes ({dt})",
+        "KV cache": f"{_users(concurrency)} x {context_len:,} tokens x KV per token",
+        "activations": f"peak of one {chunk:,}-token prefill step (the engine's max_num_batched_tokens)",
+        "total": "weights + KV cache + activations",
+        "fits": f"total <= {memory_utilization:.0%} of memory (the rest: "
+                + ("CUDA context, allocator, fragments)" if dev.kind == "gpu" else "the OS and other programs)"),
+        "max users": f"(usable - weights - activations) / ({context_len:,} tokens x KV per token)",
+        "TTFT": f"{prompt_len:,}-token prefill: {ttft_formula}",
+        "TPOT": f"decode step, batch {concurrency:,}, KV of {context_len:,} tokens each: {tpot_formula}",
+        "tokens/s per user": "1 / TPOT",
+        "tokens/s in total": f"{_users(concurrency)} / TPOT",
+    }
+    return Plan(cfg.name or "model", dev.name, dt, kind, context_len, concurrency, prompt_len, weights, per_token,
+                kv, acts, weights + kv + acts, dev.memory_bytes, usable, weights + kv + acts <= usable,
+                int(max_users), ttft, tpot, 1 / tpot, concurrency / tpot, formulas)

@@ -1,0 +1,148 @@
+"""The planner against the engine on this machine: predicted and measured, side by side.
+
+Three figures of a loaded `LLM`, as `benchmarks/compare.py` measures them (its 16-request figure also
+counts the prefills; this one is the decode steps' rate, since prefills are TTFT's business):
+
+    TPOT, 1 request          median gap between the tokens of one request (a 32-token prompt)
+    TTFT, 512-token prompt   one request whose prompt the prefix cache has never seen
+    tokens/s, 16 requests    16 requests decoding together: 16 / the median time of their shared steps
+
+Each is measured right after `DeviceSpec.measure()` and predicted by `plan` from those ceilings: the
+drifts of a shared machine (clock, other programs' memory traffic) move the ceilings and the engine
+together, so predicted / measured is steadier than either; `rounds` repeats the lot, the table keeps medians.
+
+What no ratio survives is another program holding one of the CPU's cores: a copy or a big matmul then runs
+about half as fast, but the engine's many small multi-threaded ops wait at every barrier for the thread that is
+not running, and a decode step was measured 10-20x slower. `core_speedup` (all threads against one, on a
+matmul) tells the two cases apart; `validate` records it before and after, and the test skips below 1.5.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..profiling.flops import decode_cost, prefill_cost
+from ..profiling.loadtest import synthetic_prompt_ids
+from ..profiling.roofline import measure_matmul_flops
+from ..sampling import SamplingParams
+from .devices import DeviceSpec, dtype_name
+from .estimate import BANDWIDTH_FRACTION, DECODE_FLOPS_FRACTION, PREFILL_FLOPS_FRACTION, plan, weight_memory
+
+SHORT_PROMPT = 32  # tokens: the prompt of the decode measurements (the chat template alone is 30)
+
+
+def _generate(llm, prompts: list[list[int]], tokens: int):
+    return llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
+
+
+def measure_tpot(llm, decode_tokens: int = 24, tag: int = 0) -> float:
+    """Seconds: the median gap between the tokens of one request with a 32-token prompt."""
+    out = _generate(llm, [synthetic_prompt_ids(llm.tokenizer, SHORT_PROMPT, tag)], decode_tokens)[0]
+    return statistics.median(out.metrics.itl)
+
+
+def measure_ttft(llm, prompt_tokens: int = 512, tag: int = 0) -> float:
+    """Seconds to the first token of one request with a `prompt_tokens` prompt (pass a new `tag` each time)."""
+    return _generate(llm, [synthetic_prompt_ids(llm.tokenizer, prompt_tokens, tag)], 1)[0].metrics.ttft
+
+
+def measure_step(llm, concurrency: int = 16, decode_tokens: int = 24, tag: int = 0) -> float:
+    """Seconds: the median decode step of `concurrency` requests served together (their prompts fit one step)."""
+    prompts = [synthetic_prompt_ids(llm.tokenizer, SHORT_PROMPT, tag + i) for i in range(concurrency)]
+    return statistics.median(gap for o in _generate(llm, prompts, decode_tokens) for gap in o.metrics.itl)
+
+
+def core_speedup(device: torch.device | str = "cpu") -> float:
+    """A matmul's FLOP/s on all of torch's threads over its FLOP/s on one: about the thread count on an idle
+    CPU, near 1 when other programs hold the other cores. On a GPU (or with one thread): the thread count."""
+    threads = torch.get_num_threads()
+    if torch.device(device).type != "cpu" or threads == 1:
+        return float(threads)
+    everyone = measure_matmul_flops(device, repeats=3)
+    torch.set_num_threads(1)
+    try:
+        alone = measure_matmul_flops(device, repeats=3)
+    finally:
+        torch.set_num_threads(threads)
+    return everyone / alone
+
+
+def measure_round(llm, prompt_tokens: int = 512, concurrency: int = 16, decode_tokens: int = 24,
+                  repeats: int = 3, bandwidth_fraction: float = BANDWIDTH_FRACTION,
+                  prefill_flops_fraction: float = PREFILL_FLOPS_FRACTION,
+                  decode_flops_fraction: float = DECODE_FLOPS_FRACTION) -> list[dict]:
+    """Each figure measured once, right after this machine's ceilings, next to the plan's prediction from them."""
+    cfg, device, dtype = llm.model.config, llm.model.device, dtype_name(llm.model.dtype)
+    tag = random.getrandbits(30)  # fresh prompts: a prompt seen before would be answered by the prefix cache
+    context = SHORT_PROMPT + decode_tokens // 2  # each request's average cache length while decoding
+    kw = dict(dtype=dtype, bandwidth_fraction=bandwidth_fraction, prefill_flops_fraction=prefill_flops_fraction,
+              decode_flops_fraction=decode_flops_fraction)
+    figures = [
+        ("TPOT, 1 request", "ms", lambda: measure_tpot(llm, decode_tokens, tag) * 1e3,
+         lambda spec: plan(cfg, spec, context_len=context, **kw).tpot_s * 1e3),
+        (f"TTFT, {prompt_tokens}-token prompt", "ms", lambda: measure_ttft(llm, prompt_tokens, tag + 1) * 1e3,
+         lambda spec: plan(cfg, spec, context_len=prompt_tokens, **kw).ttft_s * 1e3),
+        (f"tokens/s, {concurrency} requests", "tok/s",
+         lambda: concurrency / measure_step(llm, concurrency, decode_tokens, tag + 2),
+         lambda spec: plan(cfg, spec, context_len=context, concurrency=concurrency, **kw).total_tokens_per_s),
+    ]
+    rows = []
+    for figure, unit, measure, predict in figures:
+        spec = DeviceSpec.measure(device, (dtype,), repeats)
+        measured = measure()
+        rows.append({"figure": figure, "unit": unit, "predicted": predict(spec), "measured": measured,
+                     "bandwidth": spec.bandwidth, "flops": spec.peak_flops(dtype)})
+    return rows
+
+
+def validate(llm, rounds: int = 3, **kwargs) -> pd.DataFrame:
+    """Predicted vs measured for `llm` on this machine: the median over `rounds` of `measure_round` (kwargs).
+
+    Columns: unit, predicted, measured, ratio (median of the rounds' predicted / measured), and the median
+    ceilings the predictions used. `frame.attrs`: "rounds" (every round's rows) and "core_speedup" (the lower
+    of `core_speedup` before and after: near 1 means the timings measured other programs as much as the engine).
+    """
+    speedup = core_speedup(llm.model.device)
+    runs = pd.DataFrame([r for _ in range(rounds) for r in measure_round(llm, **kwargs)])
+    runs["ratio"] = runs["predicted"] / runs["measured"]
+    table = runs.groupby("figure", sort=False).agg(
+        unit=("unit", "first"), predicted=("predicted", "median"), measured=("measured", "median"),
+        ratio=("ratio", "median"), bandwidth=("bandwidth", "median"), flops=("flops", "median"))
+    table.attrs["rounds"] = runs
+    table.attrs["core_speedup"] = min(speedup, core_speedup(llm.model.device))
+    return table
+
+
+def calibrate(llm, rounds: int = 3, prompt_tokens: int = 512, concurrency: int = 16, decode_tokens: int = 24,
+              repeats: int = 3) -> tuple[float, float, float]:
+    """(bandwidth_fraction, prefill_flops_fraction, decode_flops_fraction) the engine reaches on this machine.
+
+    Three steps, each timed right after the ceilings, give three equations of the planner's time model
+    t = bytes / (bandwidth x fb) + FLOPs / (flops x ff): a decode step of 1 request, a `prompt_tokens`
+    prefill, a decode step of `concurrency` requests: the steps `validate` checks. Solved each round; the
+    median of the rounds is returned.
+    """
+    cfg, device, dtype = llm.model.config, llm.model.device, dtype_name(llm.model.dtype)
+    read = weight_memory(cfg, dtype).read  # the engine's float model
+    context = SHORT_PROMPT + decode_tokens // 2
+    steps = [  # (cost, which flops fraction: 1 prefill, 2 decode, measurement)
+        (decode_cost(cfg, context, dtype=dtype, weight_bytes=read), 2,
+         lambda tag: measure_tpot(llm, decode_tokens, tag)),
+        (prefill_cost(cfg, prompt_tokens, dtype=dtype, weight_bytes=read, logits_tokens=1), 1,
+         lambda tag: measure_ttft(llm, prompt_tokens, tag)),
+        (decode_cost(cfg, context, batch=concurrency, dtype=dtype, weight_bytes=read), 2,
+         lambda tag: measure_step(llm, concurrency, decode_tokens, tag)),
+    ]
+    fractions = []
+    for _ in range(rounds):
+        a, t = np.zeros((3, 3)), np.zeros(3)
+        for i, (cost, column, measure) in enumerate(steps):
+            spec = DeviceSpec.measure(device, (dtype,), repeats)
+            t[i] = measure(random.getrandbits(30))
+            a[i, 0], a[i, column] = cost.bytes / spec.bandwidth, cost.flops / spec.peak_flops(dtype)
+        fractions.append(1 / np.linalg.solve(a, t))  # a @ (1/fb, 1/ff_prefill, 1/ff_decode) = t
+    return tuple(float(f) for f in np.median(np.array(fractions), axis=0))

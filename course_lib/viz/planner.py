@@ -1,0 +1,106 @@
+"""The deployment planner's picture and widget (chapter 09): where the memory goes, and the plan's table.
+
+    plot_memory_plan(plan)                                     # one bar: weights | KV cache | activations, red line
+    plot_memory_plan({"bf16": p16, "int8": p8, "int4": p4})    # one bar per plan, same device
+    result, fig = planner_view("Llama-3-70B", "int4", "H100 SXM", context=8192, users=16)
+    planner_widget()                                           # dropdowns and boxes -> the table and the chart
+
+`planner_view` does the work and is tested; `planner_widget` only wires ipywidgets to it.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping
+
+import numpy as np
+
+from ..planner import DEVICES, PRESETS, THIS_MACHINE, DeviceSpec, Plan, find_device, plan
+from .kv_cache import PART_COLOURS
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+GiB = 2 ** 30
+QUANTIZATION = {"none": None, "int8": 8, "int4": 4}  # the widget's choices -> plan(weight_bits=...)
+
+
+def plot_memory_plan(plans: Plan | Mapping[str, Plan], title: str | None = None) -> Figure:
+    """One horizontal bar per plan, split into weights, KV cache and activations (GiB), with a red line where
+    the device's memory ends and a dashed one where the usable part ends. All plans must share a device."""
+    import matplotlib.pyplot as plt
+
+    plans = {f"{plans.weights}, {plans.concurrency} x {plans.context_len:,}": plans} if isinstance(plans, Plan) \
+        else dict(plans)
+    first = next(iter(plans.values()))
+    if any(p.memory_bytes != first.memory_bytes for p in plans.values()):
+        raise ValueError("plot_memory_plan draws one device's memory line: give it plans for the same device")
+    names = list(plans)
+    parts = {"weights": [p.weight_bytes for p in plans.values()], "KV cache": [p.kv_bytes for p in plans.values()],
+             "activations": [p.activation_bytes for p in plans.values()]}
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(names) + 2.0), layout="constrained")
+    left = np.zeros(len(names))
+    for part, values in parts.items():
+        gib = np.array(values, float) / GiB
+        ax.barh(names, gib, left=left, color=PART_COLOURS[part], label=part, edgecolor="white", linewidth=0.5)
+        left += gib
+    for y, (total, p) in enumerate(zip(left, plans.values())):
+        verdict = "fits" if p.fits else f"{p.max_concurrency} of {p.concurrency} users fit"
+        ax.annotate(f"{total:,.1f} GiB: {verdict}", (total, y), textcoords="offset points", xytext=(4, 0),
+                    va="center", fontsize=8)
+    memory, usable = first.memory_bytes / GiB, first.usable_bytes / GiB
+    ax.axvline(memory, color="#d62828", lw=2, label=f"{first.device}: {memory:,.0f} GiB")
+    ax.axvline(usable, color="#d62828", lw=1, ls="--", label=f"usable ({usable / memory:.0%})")
+    ax.set_xlim(0, max(left.max(), memory) * 1.3)
+    ax.invert_yaxis()
+    ax.set_xlabel("memory (GiB)")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, frameon=False)
+    ax.set_title(title or f"Where the memory goes: {first.model} on {first.device}")
+    return fig
+
+
+def planner_view(model: str, quantization: str, device: str | DeviceSpec, context: int, users: int,
+                 measured: dict[str, DeviceSpec] | None = None) -> tuple[Plan, Figure]:
+    """The plan for the widget's choices and its memory chart. `device` THIS_MACHINE is measured once and kept
+    in `measured` (pass the same dict each call); the dtype is the device's own (float32 on a CPU)."""
+    if isinstance(device, str) and device == THIS_MACHINE:
+        measured = {} if measured is None else measured
+        if THIS_MACHINE not in measured:
+            measured[THIS_MACHINE] = DeviceSpec.measure()
+        device = measured[THIS_MACHINE]
+    spec = find_device(device)
+    if quantization not in QUANTIZATION:
+        raise ValueError(f"quantization must be one of {list(QUANTIZATION)}, got {quantization!r}")
+    result = plan(model, spec, dtype=spec.default_dtype, weight_bits=QUANTIZATION[quantization],
+                  context_len=context, concurrency=users)
+    title = (f"{result.model} ({result.weights}) on {result.device}: {users:,} user{'s' if users != 1 else ''} "
+             f"x {context:,} tokens")
+    return result, plot_memory_plan({f"{users} x {context:,} tokens": result}, title=title)
+
+
+def planner_widget(model: str = "Llama-3-8B", device: str = "H100 SXM"):
+    """Model, quantization, device, context and users -> the plan's table and where the memory goes
+    (needs ipywidgets). "this machine" measures this machine's ceilings the first time it is chosen."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+
+    measured: dict[str, DeviceSpec] = {}
+
+    def draw(model, quantization, device, context, users):
+        try:
+            result, _ = planner_view(model, quantization, device, context, users, measured)
+        except ValueError as e:  # e.g. a context longer than the model's window, a dtype the device lacks
+            print(f"cannot plan this: {e}")
+            return
+        print(result.table())
+        plt.show()
+
+    style = {"description_width": "80px"}
+    return w.interactive(
+        draw,
+        model=w.Dropdown(options=list(PRESETS), value=model, description="model", style=style),
+        quantization=w.Dropdown(options=list(QUANTIZATION), value="none", description="weights", style=style),
+        device=w.Dropdown(options=[*DEVICES, THIS_MACHINE], value=device, description="device", style=style),
+        context=w.Dropdown(options=[1024, 2048, 4096, 8192, 16384, 32768], value=4096, description="context",
+                           style=style),
+        users=w.IntSlider(value=1, min=1, max=256, description="users", style=style),
+    )

@@ -1,0 +1,246 @@
+"""The deployment planner: its figures against numbers worked by hand, against the engine's own modules and
+measurements on this machine, and its CLI and widget."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from course_lib.planner import (DEVICES, PRESETS, THIS_MACHINE, DeviceSpec, find_device, load_config,  # noqa: E402
+                                plan, weight_memory)
+from course_lib.planner.__main__ import main  # noqa: E402
+from course_lib.planner.presets import gguf_file_config  # noqa: E402
+from course_lib.profiling import weight_bytes  # noqa: E402
+
+GiB = 2 ** 30
+H100 = DEVICES["H100 SXM"]
+EXACT = dict(bandwidth_fraction=1.0, prefill_flops_fraction=1.0, decode_flops_fraction=1.0)
+LLAMA3_8B_PARAMS = 8_030_261_248  # 2 x 128256 x 4096 (embeddings, lm_head) + 32 x 218,112,000 (layers) + 4096
+INV_FREQ = 64 * 2  # the rotary buffer, head_dim / 2 bfloat16 values: also in the module's bytes
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+# --- formulas, worked by hand ---------------------------------------------------------------------------
+
+def test_llama3_8b_bf16_memory():
+    p = plan("Llama-3-8B", H100, context_len=8192, concurrency=32)
+    assert load_config("llama-3-8b").num_parameters() == LLAMA3_8B_PARAMS
+    assert p.weight_bytes == 2 * LLAMA3_8B_PARAMS + INV_FREQ  # ~16 GB
+    assert p.kv_bytes_per_token == 128 * 1024  # 2 x 32 layers x 8 KV heads x 128 x 2 bytes
+    assert p.kv_bytes == 32 * GiB  # 32 users x 8192 tokens x 128 KiB
+    assert p.total_bytes == p.weight_bytes + p.kv_bytes + p.activation_bytes
+    assert p.fits and p.usable_bytes == int(0.9 * 80 * GiB)
+    room = p.usable_bytes - p.weight_bytes - p.activation_bytes  # 72 GiB - 15 GiB - 0.1 GiB
+    assert p.max_concurrency == room // (8192 * 128 * 1024) == 56  # 1 GiB a user
+
+
+def test_llama3_70b_int4_on_one_h100():
+    p = plan("llama-3-70b", "h100", weight_bits=4, context_len=8192, concurrency=16)
+    linear = 80 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672)  # q, o, k, v, gate, up, down
+    other = 2 * 128256 * 8192 + (2 * 80 + 1) * 8192  # embeddings, lm_head, norms: bfloat16
+    assert p.weight_bytes == linear * 3 // 4 + 2 * other + INV_FREQ  # 4-bit codes + fp32 scale and min per 32
+    assert p.kv_bytes_per_token == 320 * 1024 and p.kv_bytes == 40 * GiB
+    assert not p.fits and p.max_concurrency == 8  # (72 GiB - 51.7 GiB - activations) / 2.5 GiB a user
+    assert plan("llama-3-70b", "h200", weight_bits=4, context_len=8192, concurrency=16).fits
+
+
+def test_bytes_per_weight_come_from_quantlinear():
+    cfg = load_config("Llama-3-8B")
+    assert weight_memory(cfg, "bfloat16").per_linear_weight == 2
+    assert weight_memory(cfg, "bfloat16", 8).per_linear_weight == 1 + 4 / 4096  # int8 + a float32 scale a row
+    assert weight_memory(cfg, "bfloat16", 4).per_linear_weight == 0.5 + 8 / 32  # + float32 scale and min
+    assert weight_memory(cfg, "bfloat16", 4, kind="cpu").per_linear_weight == 0.5 + 4 / 32  # bf16 pair (CPU op)
+    assert weight_memory(cfg, "bfloat16", 4, group_size=128).per_linear_weight == 0.5 + 8 / 128
+
+
+def test_decode_reads_the_weights_once_per_step_and_each_users_kv():
+    one, many = (plan("Llama-3-8B", H100, context_len=4096, concurrency=c, **EXACT) for c in (1, 16))
+    weights_read = 2 * (LLAMA3_8B_PARAMS - 128256 * 4096)  # all but the input embedding (rows are gathered)
+    assert one.tpot_s == pytest.approx((weights_read + 4097 * 128 * 1024) / H100.bandwidth, rel=0.01)
+    extra_kv = 15 * 4097 * 128 * 1024 / H100.bandwidth  # 15 more users' caches, not 15 more copies of weights
+    extra_flops = 15 * 2 * LLAMA3_8B_PARAMS / H100.peak_flops("bfloat16")
+    assert many.tpot_s - one.tpot_s == pytest.approx(extra_kv + extra_flops, rel=0.05)
+    assert many.total_tokens_per_s == pytest.approx(16 * many.decode_tokens_per_s)
+    assert one.decode_tokens_per_s == pytest.approx(1 / one.tpot_s)
+
+
+def test_prefill_is_about_two_flops_per_parameter_per_token():
+    p = plan("Llama-3-8B", H100, context_len=4096, **EXACT)
+    matmul = 2 * 4096 * (LLAMA3_8B_PARAMS - 2 * 128256 * 4096)  # the layers' weights, every prompt token
+    assert matmul / H100.peak_flops("bfloat16") < p.ttft_s < 1.3 * matmul / H100.peak_flops("bfloat16")
+    slower = plan("Llama-3-8B", H100, context_len=4096, prefill_flops_fraction=0.5, bandwidth_fraction=1.0)
+    assert slower.ttft_s > 1.8 * p.ttft_s
+
+
+def test_plan_table_explains_every_figure():
+    p = plan("qwen2.5-7b", "a100-80gb", weight_bits=8, context_len=2048, concurrency=4)
+    rows = p.rows()
+    assert [r[0] for r in rows] == ["weights", "KV cache per token", "KV cache", "activations", "total", "fits",
+                                    "max users", "TTFT", "TPOT", "tokens/s per user", "tokens/s in total"]
+    assert all(value and formula for _, value, formula in rows)
+    assert "Qwen2.5-7B (int8) on A100-80GB: 4 users x 2,048 tokens of context, TTFT for a prompt of 2,048" in p.table()
+    assert "x 4 bytes (bfloat16)" not in p.table() and "x 2 bytes (bfloat16)" in p.table()
+
+
+def test_bad_arguments_name_the_problem():
+    with pytest.raises(ValueError, match="context_len"):
+        plan("Llama-3-8B", H100, context_len=0)
+    with pytest.raises(ValueError, match="weight_bits"):
+        plan("Llama-3-8B", H100, weight_bits=3)
+    with pytest.raises(ValueError, match="Llama-3-8B reads at most 8,192 tokens"):
+        plan("Llama-3-8B", H100, context_len=32768)
+    with pytest.raises(ValueError, match="T4 has no bfloat16.*dtype='float16'"):
+        plan("Llama-3-8B", "t4")
+    with pytest.raises(ValueError, match="memory_bytes"):
+        DeviceSpec("x", 0, 1e9, {"float32": 1e9}, "none")
+
+
+# --- models and devices by name ---------------------------------------------------------------------------
+
+def test_names_are_forgiving_and_unknown_ones_list_the_choices():
+    assert find_device("h100").name == "H100 SXM" and find_device("4090").name == "RTX 4090"
+    assert find_device("A10").name == "A10" and find_device("a100 80gb").name == "A100-80GB"
+    with pytest.raises(ValueError, match="ambiguous: it could be A100-40GB, A100-80GB"):
+        find_device("a100")
+    with pytest.raises(ValueError, match="unknown device 'tpu'; choose one of: T4, L4"):
+        find_device("tpu")
+    assert load_config("mistral").name == "Mistral-7B"
+    with pytest.raises(ValueError, match="unknown model 'gpt-5'.*Llama-3-70B.*or a path"):
+        load_config("gpt-5")
+
+
+def test_every_preset_builds_and_every_device_has_a_source():
+    expected = {"SmolLM2-135M-Instruct": 0.1345, "Llama-3-8B": 8.03, "Llama-3-70B": 70.55, "Qwen2.5-7B": 7.62,
+                "Qwen2.5-72B": 72.71, "Mistral-7B": 7.25}  # billions, as the model cards say (to rounding)
+    assert {n: round(load_config(n).num_parameters() / 1e9, 4 if n.startswith("Smol") else 2) for n in PRESETS} \
+        == expected
+    assert all(spec.source and spec.flops for spec in DEVICES.values())
+    assert DEVICES["T4"].default_dtype == "float16" and DEVICES["H200"].default_dtype == "bfloat16"
+
+
+def test_default_preset_and_plan_match_the_engines_model(model, gguf_path):
+    preset, from_file = load_config("SmolLM2-135M-Instruct"), gguf_file_config(gguf_path)
+    sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+             "head_dim", "tie_word_embeddings", "max_position_embeddings")
+    assert {k: getattr(preset, k) for k in sizes} == {k: getattr(from_file, k) for k in sizes}
+    assert weight_memory(preset, torch.float32).total == weight_bytes(model)  # the loaded float32 model, exactly
+
+
+def test_quantized_weight_bytes_match_quantize_model(model):
+    from course_lib.quant import quantized_copy
+
+    cfg = model.config
+    for bits, method in ((8, "int8"), (4, "int4")):
+        quantized = quantized_copy(model, method, group_size=32, backend="torch")
+        assert weight_memory(cfg, torch.float32, bits).total == weight_bytes(quantized)
+
+
+def test_load_config_reads_dicts_files_and_gguf(tmp_path, gguf_path):
+    hf = {**PRESETS["Qwen2.5-7B"], "_name_or_path": "Qwen/Qwen2.5-7B-Instruct"}
+    assert load_config(hf).num_kv_heads == 4
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    assert load_config(tmp_path).intermediate_size == load_config(tmp_path / "config.json").intermediate_size == 18944
+    assert load_config(str(gguf_path)).hidden_size == 576
+
+
+def test_measured_device():
+    spec = DeviceSpec.measure(dtypes=("float32",), repeats=1)
+    assert spec.kind == "cpu" and spec.name.startswith(THIS_MACHINE) and spec.peak_flops("float32") > 1e9
+    assert plan("SmolLM2-135M-Instruct", spec, dtype="float32").fits
+
+
+# --- the plan against the engine on this machine ---------------------------------------------------------
+
+@pytest.mark.slow
+def test_plan_predicts_the_engine_on_this_machine(llm):
+    """TPOT of one request, TTFT of a 512-token prompt and tokens/s of 16 requests, each predicted from ceilings
+    measured right before it: medians of 3 rounds within 35% (about 20 s on 2 cores)."""
+    from course_lib.planner.validate import core_speedup, validate
+
+    def skip_if_cores_are_busy(speedup: float) -> None:
+        if torch.get_num_threads() > 1 and speedup < 1.5:  # the engine would be timed 10-20x slower than alone
+            pytest.skip(f"another program holds a core: {torch.get_num_threads()} threads ran a matmul only "
+                        f"{speedup:.2f}x as fast as one, so the engine's timings would measure that program")
+
+    skip_if_cores_are_busy(core_speedup())
+    table = validate(llm, rounds=3)
+    print("\n" + table[["unit", "predicted", "measured", "ratio"]].round(2).to_string())
+    skip_if_cores_are_busy(table.attrs["core_speedup"])
+    assert len(table) == 3
+    assert ((table["ratio"] > 0.65) & (table["ratio"] < 1.35)).all(), table
+
+
+# --- the CLI and the widget ---------------------------------------------------------------------------------
+
+def test_cli_prints_the_plan(capsys):
+    assert main(["--model", "llama-3-70b", "--device", "h100", "--weight-bits", "4", "--context", "8192",
+                 "--users", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "Llama-3-70B (int4, groups of 32) on H100 SXM: 16 users x 8,192 tokens" in out
+    assert "NO (usable 72.00 GiB of 80.00 GiB)" in out and "max users" in out and "datasheet" in out
+
+
+def test_cli_errors_list_the_choices(capsys):
+    assert main(["--model", "llama-3-8b", "--device", "v100"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown device 'v100'" in err and "H100 SXM" in err and THIS_MACHINE in err
+    assert main(["--list"]) == 0
+    assert "Qwen2.5-72B" in capsys.readouterr().out
+
+
+def test_cli_runs_as_a_module():
+    out = subprocess.run([sys.executable, "-m", "course_lib.planner", "--model", "mistral-7b", "--device", "l4",
+                          "--weight-bits", "8"], capture_output=True, text=True, check=True).stdout
+    assert "Mistral-7B (int8) on L4" in out and "tokens/s in total" in out
+
+
+def test_memory_chart_has_the_cards_line():
+    from course_lib.viz.planner import plot_memory_plan
+
+    plans = {f"int{b or 16}": plan("Llama-3-70B", H100, weight_bits=b, context_len=8192) for b in (None, 8, 4)}
+    fig = plot_memory_plan(plans)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(plans)
+    assert ax.lines[0].get_xdata()[0] == pytest.approx(80) and ax.lines[0].get_color() == "#d62828"
+    assert {t.get_label() for t in ax.containers} == {"weights", "KV cache", "activations"}
+    with pytest.raises(ValueError, match="same device"):
+        plot_memory_plan({"a": plans["int4"], "b": plan("Llama-3-70B", "h200", weight_bits=4)})
+
+
+def test_planner_view_and_widget(monkeypatch, capsys):
+    from course_lib.viz import planner as vp
+
+    result, fig = vp.planner_view("Llama-3-8B", "int4", "L4", context=4096, users=8)
+    assert result.weights == "int4, groups of 32" and result.device == "L4" and "8 users" in fig.axes[0].get_title()
+    fake = DeviceSpec(f"{THIS_MACHINE} (fake)", 16 * GiB, 20e9, {"float32": 2e11}, "test", kind="cpu")
+    calls = []
+    monkeypatch.setattr(DeviceSpec, "measure", classmethod(lambda cls, *a, **k: calls.append(1) or fake))
+    measured: dict = {}
+    for _ in range(2):
+        result, _ = vp.planner_view("SmolLM2-135M-Instruct", "none", THIS_MACHINE, 2048, 4, measured)
+    assert calls == [1] and result.dtype == "float32" and result.device.endswith("(fake)")  # measured once
+
+    pytest.importorskip("ipywidgets")
+    widget = vp.planner_widget()
+    names = [c.description for c in widget.children[:5]]
+    assert names == ["model", "weights", "device", "context", "users"]
+    plt.close("all")
+    widget.children[1].value = "int8"  # the callback redraws
+    assert "(int8) on H100 SXM" in plt.gcf().axes[0].get_title()
+    plt.close("all")
+    capsys.readouterr()
+    widget.children[3].value = 32768  # longer than Llama-3-8B's window: a message, no figure, no exception
+    assert not plt.get_fignums() and "cannot plan this: Llama-3-8B reads at most 8,192" in capsys.readouterr().out
