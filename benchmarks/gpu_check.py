@@ -29,6 +29,7 @@ import platform
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -90,6 +91,19 @@ def section(title: str) -> None:
     print(f"\n=== {title} ===", flush=True)
 
 
+def guarded(report: Report, name: str, run, *args) -> None:
+    """run(*args); an exception becomes a failed check and the rest of the run goes on (a GPU session is short)."""
+    try:
+        run(*args)
+    except Exception as e:
+        report.add(Check("error", name, False, detail=f"{type(e).__name__}: {e}"[:500]))
+        traceback.print_exc()
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def environment(device: torch.device) -> dict:
     import transformers
 
@@ -141,7 +155,8 @@ def check_against_transformers(report: Report, label: str, hf, model, tokenizer,
     diff = (model(x).float() - ref).abs().max().item() / scale
     report.add(Check("transformers", f"{label} logits", diff <= tol, diff, tol, f"(max |logit| {scale:.2f})"))
 
-    llm = LLM.from_model(model, tokenizer, enable_prefix_caching=False)
+    llm = LLM.from_model(model, tokenizer, enable_prefix_caching=False,  # a small cache: not a share of the GPU
+                         kv_cache_memory=model.config.kv_bytes_per_token(dtype) * 16 * (PROMPT_TOKENS + GREEDY_TOKENS))
     out = llm.generate([ids], SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0, ignore_eos=True))[0]
     ours = out.outputs[0].token_ids
     steps = hf(torch.tensor([ids + ours[:-1]], device=device)).logits[0, len(ids) - 1:].float()  # [n, vocab]
@@ -181,7 +196,7 @@ def check_triton(report: Report, device: torch.device, dtype: torch.dtype) -> No
 
 def run_cuda_tests(report: Report) -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "tests", "-p", "no:cacheprovider"],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=240)  # a timeout is reported by `guarded`
     tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
     report.add(Check("pytest", "pytest -m cuda", proc.returncode == 0, detail=tail))
     if proc.returncode != 0:
@@ -202,6 +217,23 @@ def measure_speed(report: Report, shape: str, hf, model, tokenizer, dtype: torch
         for r in measure_system(system, precision, work, tokenizer, config, ceilings, wbytes):
             report.speed.append({"shape": shape, **asdict(r)})
     del llm
+
+
+def check_shape(report: Report, state: dict, shape_name: str, shape: dict, device: torch.device, dtype: torch.dtype,
+                tokenizer, work: Workload, speed: bool) -> None:
+    """One shape in one dtype: the checks against transformers, then (in the policy's dtype) the speed table."""
+    section(f"{shape_name} (random weights): engine vs transformers, {device} {dtype}")
+    hf, model = random_pair(shape, device, dtype)
+    check_against_transformers(report, f"{shape_name} {str(dtype).removeprefix('torch.')}", hf, model, tokenizer, dtype)
+    if not speed:
+        return
+    if state["ceilings"] is None:  # measured once, in the dtype the speed runs in
+        c = state["ceilings"] = Ceilings(measure_matmul_flops(device, dtype), measure_bandwidth(device, dtype),
+                                         str(device), str(dtype).removeprefix("torch."))
+        report.env["ceilings"] = asdict(c)
+        print(f"  ceilings: {c.peak_flops / 1e12:.2f} TFLOP/s matmul, {c.bandwidth / 1e9:.0f} GB/s copy")
+    section(f"{shape_name}: speed, {device} {dtype}")
+    measure_speed(report, shape_name, hf, model, tokenizer, dtype, work, state["ceilings"])
 
 
 def print_speed(report: Report, work: Workload) -> None:
@@ -254,36 +286,24 @@ def main(argv: list[str] | None = None) -> int:
     else:
         work = Workload(decode_tokens=64, prompt_tokens=512, concurrency=(32, 128), uniform_output=128, repeats=3,
                         output_kinds=("uniform",))
-    ceilings = None
+    state = {"ceilings": None}
     for shape_name, shape in SHAPES.items():
         shape = {**shape, **(CPU_SIZES[shape_name] if args.cpu else {})}
-        check_dtypes = [torch.float32] + [d for d in (policy, torch.bfloat16 if args.cpu else None) if d and d != torch.float32]
-        for dtype in dict.fromkeys(check_dtypes):
-            section(f"{shape_name} (random weights): engine vs transformers, {device} {dtype}")
-            hf, model = random_pair(shape, device, dtype)
-            check_against_transformers(report, f"{shape_name} {str(dtype).removeprefix('torch.')}", hf, model,
-                                       tokenizer, dtype)
-            if dtype == policy and not args.skip_speed:
-                if ceilings is None:
-                    ceilings = Ceilings(measure_matmul_flops(device, policy), measure_bandwidth(device, policy),
-                                        str(device), str(policy).removeprefix("torch."))
-                    report.env["ceilings"] = asdict(ceilings)
-                    print(f"  ceilings: {ceilings.peak_flops / 1e12:.2f} TFLOP/s matmul, "
-                          f"{ceilings.bandwidth / 1e9:.0f} GB/s copy")
-                section(f"{shape_name}: speed, {device} {dtype}")
-                measure_speed(report, shape_name, hf, model, tokenizer, dtype, work, ceilings)
-            del hf, model
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        low = [policy, torch.bfloat16] if args.cpu else [policy]  # --cpu: bfloat16's tolerance checked too
+        for dtype in dict.fromkeys([torch.float32, *low]):
+            guarded(report, f"{shape_name} {dtype}", check_shape, report, state, shape_name, shape, device, dtype,
+                    tokenizer, work, dtype == policy and not args.skip_speed)
 
     section(f"Triton kernels vs PyTorch, {device}" + (" (interpreter)" if args.cpu else ""))
-    check_triton(report, device, policy)
+    guarded(report, "Triton kernels", check_triton, report, device, policy)
     if device.type == "cuda":
-        run_cuda_tests(report)
+        guarded(report, "pytest -m cuda", run_cuda_tests, report)
     if report.speed:
         section("speed")
         print_speed(report, work)
+        if args.cpu:
+            print("(--cpu: these small models stay in the CPU's caches, so a fraction of the copy bandwidth above "
+                  "100% is possible; the ratios are what the GPU run is for)")
     failed = [c for c in report.checks if not c.passed]
     seconds = time.perf_counter() - start
     print(f"\ngpu_check: {len(report.checks) - len(failed)}/{len(report.checks)} checks passed in {seconds:.0f} s"

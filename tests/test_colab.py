@@ -42,7 +42,8 @@ def test_on_colab_the_cell_clones_installs_and_puts_the_course_on_the_path(monke
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     monkeypatch.setattr(colab, "CLONE_DIR", str(tmp_path / "course"))
     real_find_spec = __import__("importlib").util.find_spec
-    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "course_lib" else real_find_spec(name, *a))
+    monkeypatch.setattr("importlib.util.find_spec",
+                        lambda name, *a: None if name == "course_lib" else real_find_spec(name, *a))
     monkeypatch.setattr(sys, "path", list(sys.path))
     chdirs = []
     monkeypatch.setattr(os, "chdir", chdirs.append)

@@ -58,3 +58,15 @@ def test_checks_pass_on_the_same_weights_and_fail_on_others(dtype):
     gpu_check.check_against_transformers(report, "tiny, one layer off", hf, model, tokenizer, dtype)
     assert not report.checks[0].passed  # logits
     assert report.checks[0].value > gpu_check.TOLERANCE[dtype]
+
+
+def test_an_error_in_one_section_is_a_failed_check_and_the_run_goes_on(capsys):
+    report = gpu_check.Report(env={})
+
+    def broken():
+        raise RuntimeError("CUDA out of memory")
+
+    gpu_check.guarded(report, "a section", broken)
+    gpu_check.guarded(report, "the next one", lambda: report.add(gpu_check.Check("x", "the next one", True)))
+    assert [(c.name, c.passed) for c in report.checks] == [("a section", False), ("the next one", True)]
+    assert "CUDA out of memory" in report.checks[0].detail
