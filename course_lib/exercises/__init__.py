@@ -18,9 +18,9 @@ def _export(module) -> None:
     __all__.extend(names)
 
 
-from . import (attention, batching, kv_cache, positions, prefill_decode, profiling, quantization,  # noqa: E402
+from . import (attention, batching, embeddings, kv_cache, positions, prefill_decode, profiling, quantization,  # noqa: E402
                sampling, serving, tokenization, welcome)
 
-for _module in (welcome, tokenization, positions, attention, sampling, prefill_decode, kv_cache, batching,
+for _module in (welcome, tokenization, embeddings, positions, attention, sampling, prefill_decode, kv_cache, batching,
                 quantization, profiling, serving):
     _export(_module)

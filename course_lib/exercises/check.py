@@ -5,6 +5,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
+
 
 @dataclass
 class Case:
@@ -43,3 +45,29 @@ def run_checks(name: str, fn: Callable, cases: list[Case]) -> bool:
         print(f"✓ {case.description}")
     print(f"{name}: {passed}/{len(cases)} checks passed")
     return passed == len(cases)
+
+
+def seeded_randn(*shape: int, seed: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Random tensor from its own generator: the learner's global seed is left alone."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def as_int(result: object, what: str) -> int:
+    """A learner's integer result (an int or a one-element integer tensor), or an AssertionError saying so."""
+    if isinstance(result, torch.Tensor) and result.numel() == 1 and not result.is_floating_point():
+        result = int(result.item())
+    assert isinstance(result, int) and not isinstance(result, bool), \
+        f"return {what} as an int, got {type(result).__name__} {result!r}"
+    return result
+
+
+def as_int_list(result: object, what: str) -> list[int]:
+    """A learner's integers (a list, a tuple or an integer tensor), or an AssertionError saying so."""
+    if isinstance(result, torch.Tensor):
+        assert not result.is_floating_point(), f"return {what} as integers, got a {result.dtype} tensor"
+        return [int(v) for v in result.flatten().tolist()]
+    assert isinstance(result, (list, tuple)), f"return {what} as a list of ints, got {type(result).__name__}"
+    for v in result:
+        assert isinstance(v, int) or (isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point()), \
+            f"return {what} as a list of ints, got an element {v!r}"
+    return [int(v) for v in result]
