@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     tok = course_lib.load_tokenizer()
-    base = course_lib.load_model(device=device)
+    base = course_lib.load_model(device=device, dtype=torch.float32)  # the reference every format is judged against
     texts_ids = {k: tok.encode(v)[: args.tokens] for k, v in ev.evaluation_texts().items()}
     prompt = tok.encode_chat([{"role": "user", "content": "Explain the KV cache in one sentence."}])
     print(f"SmolLM2-135M-Instruct on {device} ({torch.get_num_threads()} threads): "

@@ -36,7 +36,7 @@ def test_default_model_greedy_tokens_match_transformers(llm, hf_model, tokenizer
 @pytest.mark.parametrize("fixture", ["llama3_dir", "qwen2_dir"])
 def test_random_models_match_transformers(fixture, request):
     path, hf = request.getfixturevalue(fixture)
-    ours = course_lib.load_model(path)
+    ours = course_lib.load_model(path, device="cpu")  # the reference runs on the CPU
     cfg = json.loads((path / "config.json").read_text())
     assert ours.config.architecture == cfg["model_type"]
     if fixture == "llama3_dir":
@@ -52,7 +52,7 @@ def test_random_models_match_transformers(fixture, request):
 def test_llama3_rope_scaling_changes_frequencies(llama3_dir):
     from course_lib.model import rope_inv_freq
 
-    cfg = course_lib.load_model(llama3_dir[0]).config
+    cfg = course_lib.load_model(llama3_dir[0], device="cpu").config
     scaled = rope_inv_freq(cfg)
     plain = rope_inv_freq(type(cfg)(**{**cfg.__dict__, "rope_scaling": None}))
     assert torch.allclose(scaled[0], plain[0])  # the highest frequency (wavelength < 64/4 tokens) is kept
@@ -72,7 +72,7 @@ def test_kv_cache_decoding_equals_full_forward(model, tokenizer):
 
 
 def test_reference_attention_matches_sdpa_and_keeps_weights(qwen2_dir):
-    m = course_lib.load_model(qwen2_dir[0])
+    m = course_lib.load_model(qwen2_dir[0], device="cpu")
     ids = torch.randint(0, m.config.vocab_size, (1, 12))
     ref = ReferenceAttention()
     with torch.no_grad():
@@ -84,7 +84,7 @@ def test_reference_attention_matches_sdpa_and_keeps_weights(qwen2_dir):
 
 
 def test_load_model_dtype_by_name(qwen2_dir):
-    m = course_lib.load_model(qwen2_dir[0], dtype="bfloat16")
+    m = course_lib.load_model(qwen2_dir[0], device="cpu", dtype="bfloat16")
     assert m.dtype == torch.bfloat16 and m(torch.tensor([[1, 2, 3]])).dtype == torch.bfloat16
 
 
@@ -115,7 +115,7 @@ def test_corrupt_files_say_so(tmp_path, qwen2_dir):
 
 
 def test_reference_attention_keeps_the_model_dtype(qwen2_dir):
-    m = course_lib.load_model(qwen2_dir[0], dtype=torch.bfloat16)
+    m = course_lib.load_model(qwen2_dir[0], device="cpu", dtype=torch.bfloat16)
     ref = ReferenceAttention()
     assert m(torch.tensor([[1, 2, 3, 4]]), kv=ref).dtype == torch.bfloat16
     assert ref.weights[0].dtype == torch.float32  # the weights themselves are computed in float32
