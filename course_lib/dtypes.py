@@ -22,6 +22,11 @@ def resolve_dtype(dtype: torch.dtype | str | None, default: torch.dtype = torch.
     return _NAMES[key]
 
 
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """"bfloat16" for torch.bfloat16, "bf16" or "torch.bfloat16"."""
+    return str(resolve_dtype(dtype)).removeprefix("torch.")
+
+
 def default_dtype(device: torch.device | str) -> torch.dtype:
     """The engine's dtype for a device: bfloat16 on a GPU that has it, float16 on one that does not, float32 on the CPU.
 

@@ -92,12 +92,20 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+def read_gguf_config(path: str | Path) -> ModelConfig:
+    """The model's config from the file's metadata, without decoding a tensor: embeddings are tied when the
+    file has no `output.weight` (llama.cpp's rule)."""
+    config = gguf_config(gguf_metadata(path), name=Path(path).stem)
+    config.tie_word_embeddings = all(t.name != "output.weight" for t in open_gguf(path).tensors)
+    return config
+
+
 def read_gguf_model(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(config, float32 state dict in the engine's names) from a GGUF file."""
     import gguf
 
     reader = open_gguf(path)
-    config = gguf_config(gguf_metadata(path), name=Path(path).stem)
+    config = read_gguf_config(path)
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         if t.name == "rope_freqs.weight":
@@ -113,7 +121,6 @@ def read_gguf_model(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tens
         elif name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
             w = unpermute_qk(w, config.num_kv_heads) if config.architecture != "qwen2" else w
         state[name] = w
-    config.tie_word_embeddings = "lm_head.weight" not in state
     return config, state
 
 

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="H100 SXM", help=f"a device name, or {THIS_MACHINE!r} to measure this one")
     ap.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the device's own)")
     ap.add_argument("--weight-bits", type=int, default=None, choices=[8, 4], help="quantize the linear layers")
-    ap.add_argument("--group-size", type=int, default=32, help="INT4 weights per scale (default 32)")
+    ap.add_argument("--group-size", type=int, default=32, help="INT4 weights per scale (default 32; INT8 has one a row)")
     ap.add_argument("--context", type=int, default=4096, help="tokens each user holds (prompt + answer)")
     ap.add_argument("--users", type=int, default=1, help="concurrent users (requests decoding together)")
     ap.add_argument("--prompt", type=int, default=None, help="prompt tokens for TTFT (default: --context)")
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         config, device = load_config(args.model), find_device(args.device)
-        result = plan(config, device, dtype=args.dtype or device.default_dtype, weight_bits=args.weight_bits,
+        result = plan(config, device, dtype=args.dtype, weight_bits=args.weight_bits,
                       context_len=args.context, concurrency=args.users, prompt_len=args.prompt,
                       group_size=args.group_size, bandwidth_fraction=args.bandwidth_fraction,
                       prefill_flops_fraction=args.prefill_flops_fraction,

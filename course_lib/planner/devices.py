@@ -11,16 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dtypes import default_dtype, resolve_device, resolve_dtype
+from ..dtypes import default_dtype, dtype_name, resolve_device
+from ..profiling.memory import GiB
 from .names import lookup
 
-GiB = 2 ** 30
 THIS_MACHINE = "this machine"  # the device name the CLI and the widget measure instead of looking up
-
-
-def dtype_name(dtype: torch.dtype | str) -> str:
-    """"bfloat16" for torch.bfloat16, "bf16" or "torch.bfloat16"."""
-    return str(resolve_dtype(dtype)).removeprefix("torch.")
 
 
 @dataclass
@@ -120,6 +115,5 @@ def find_device(name: str | DeviceSpec) -> DeviceSpec:
     """A device from `DEVICES` by name, case-insensitive ("h100", "a100-80gb", "4090"); "this machine" measures."""
     if isinstance(name, DeviceSpec):
         return name
-    if lookup(name, [*DEVICES, THIS_MACHINE], "device") == THIS_MACHINE:
-        return DeviceSpec.measure()
-    return DEVICES[lookup(name, DEVICES, "device")]
+    found = lookup(name, [*DEVICES, THIS_MACHINE], "device")
+    return DeviceSpec.measure() if found == THIS_MACHINE else DEVICES[found]

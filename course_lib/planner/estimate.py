@@ -29,14 +29,14 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
-from ..dtypes import resolve_dtype
+from ..dtypes import dtype_name, resolve_dtype
 from ..engine.llm_engine import EngineConfig
 from ..model import Transformer
 from ..profiling.flops import StepCost, decode_cost, prefill_cost
-from ..profiling.memory import activation_bytes, bytes_per_value, weight_bytes
+from ..profiling.memory import GiB, activation_bytes, bytes_per_value, weight_bytes
 from ..profiling.roofline import weights_read
-from ..quant.linear import QuantLinear
-from .devices import GiB, DeviceSpec, dtype_name, find_device
+from ..quant.linear import QuantLinear, cpu_backend_problem
+from .devices import DeviceSpec, find_device
 from .presets import load_config
 
 # The shares of this machine's measured ceilings (`DeviceSpec.measure()`) that the engine reached, from
@@ -67,18 +67,39 @@ class Plan:
     prompt_len: int
     weight_bytes: int
     kv_bytes_per_token: int
-    kv_bytes: int
     activation_bytes: int
-    total_bytes: int
     memory_bytes: int  # the device's
-    usable_bytes: int  # memory_bytes x memory_utilization
-    fits: bool
+    memory_utilization: float  # the share of it the engine may use
     max_concurrency: int  # users of context_len tokens that fit next to the weights
     ttft_s: float
     tpot_s: float
-    decode_tokens_per_s: float  # one user's output speed
-    total_tokens_per_s: float  # all users together
     formulas: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_bytes_per_token * self.context_len * self.concurrency
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.memory_bytes * self.memory_utilization)
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.usable_bytes
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """One user's output speed."""
+        return 1 / self.tpot_s
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        """All users together."""
+        return self.concurrency / self.tpot_s
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(figure, value, formula) for each figure, in reading order."""
@@ -147,18 +168,21 @@ def weight_memory(config: ModelConfig, dtype: torch.dtype | str = torch.bfloat16
     with torch.device("meta"):
         model = Transformer(config).to(resolve_dtype(dtype))
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"]
-    if method is not None:
-        backend = "cpu" if kind == "cpu" else "torch"  # "torch" and "triton" share one layout
-        for name, linear in linears:
-            model.set_submodule(name, QuantLinear(linear.in_features, linear.out_features, method, group_size,
-                                                  linear.bias is not None, backend, "meta", linear.weight.dtype))
+    for name, linear in linears if method is not None else []:
+        # quantize_model's choice on that device: the CPU's packed layout where the op takes the shape
+        # (`cpu_backend_problem`), else the portable layout ("torch" and "triton" share it)
+        fits_cpu = kind == "cpu" and cpu_backend_problem(method, linear.in_features, linear.out_features,
+                                                         group_size) is None
+        model.set_submodule(name, QuantLinear(linear.in_features, linear.out_features, method, group_size,
+                                              linear.bias is not None, "cpu" if fits_cpu else "torch", "meta",
+                                              linear.weight.dtype))
     first = model.get_submodule(linears[0][0])  # q_proj of layer 0, float or quantized
     per_weight = weight_bytes(first) / (first.in_features * first.out_features)  # its bias (if any) is negligible
     return WeightMemory(weight_bytes(model), weights_read(model), per_weight)
 
 
 def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpec | str,
-         dtype: torch.dtype | str = "bfloat16", weight_bits: int | None = None, context_len: int = 4096,
+         dtype: torch.dtype | str | None = None, weight_bits: int | None = None, context_len: int = 4096,
          concurrency: int = 1, prompt_len: int | None = None, group_size: int = 32,
          bandwidth_fraction: float = BANDWIDTH_FRACTION, prefill_flops_fraction: float = PREFILL_FLOPS_FRACTION,
          decode_flops_fraction: float = DECODE_FLOPS_FRACTION, memory_utilization: float = MEMORY_UTILIZATION
@@ -167,7 +191,7 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
 
     config: a `ModelConfig`, a `config.json` dict, a preset name or a path (`load_config`); device: a
     `DeviceSpec` or a name in `DEVICES` (`find_device`). dtype: of the activations, the KV cache and every
-    weight that is not quantized. weight_bits: None (= dtype), 8 or 4 (groups of `group_size`).
+    weight that is not quantized (default: the device's, as the engine's policy picks: float16 on a T4). weight_bits: None (= dtype), 8 or 4 (groups of `group_size`).
     prompt_len: the prompt TTFT is computed for (default: `context_len`, a prompt that fills the context).
     """
     cfg, dev = load_config(config), find_device(device)
@@ -184,15 +208,14 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
                         ("decode_flops_fraction", decode_flops_fraction)):
         if not value > 0:
             raise ValueError(f"{name} must be > 0, got {value!r}")
-    dt = dtype_name(dtype)
+    dt = dtype_name(dtype or dev.default_dtype)
     peak = dev.peak_flops(dt)
 
     weights, read, per_weight = weight_memory(cfg, dt, weight_bits, group_size, dev.kind)
     per_token = cfg.kv_bytes_per_token(dt)
-    kv = per_token * context_len * concurrency
     chunk = min(prompt_len, EngineConfig.max_num_batched_tokens)  # the engine prefills in steps of this many
     acts = activation_bytes(cfg, chunk, dtype=dt, logits_tokens=1)
-    usable = int(dev.memory_bytes * memory_utilization)
+    usable = int(dev.memory_bytes * memory_utilization)  # also Plan.usable_bytes
     max_users = max(0, (usable - weights - acts) // (per_token * context_len))
 
     def seconds(cost: StepCost, flops_fraction: float) -> tuple[float, str]:
@@ -223,6 +246,7 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
         "tokens/s per user": "1 / TPOT",
         "tokens/s in total": f"{_users(concurrency)} / TPOT",
     }
-    return Plan(cfg.name or "model", dev.name, dt, kind, context_len, concurrency, prompt_len, weights, per_token,
-                kv, acts, weights + kv + acts, dev.memory_bytes, usable, weights + kv + acts <= usable,
-                int(max_users), ttft, tpot, 1 / tpot, concurrency / tpot, formulas)
+    return Plan(model=cfg.name or "model", device=dev.name, dtype=dt, weights=kind, context_len=context_len,
+                concurrency=concurrency, prompt_len=prompt_len, weight_bytes=weights, kv_bytes_per_token=per_token,
+                activation_bytes=acts, memory_bytes=dev.memory_bytes, memory_utilization=memory_utilization,
+                max_concurrency=int(max_users), ttft_s=ttft, tpot_s=tpot, formulas=formulas)

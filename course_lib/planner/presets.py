@@ -5,11 +5,11 @@ each model's own `config.json` on the Hugging Face Hub.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..config import ModelConfig
+from ..loading import DEFAULT_MODEL_NAME, read_json_object
 from .names import lookup
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -45,7 +45,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_MODEL = DEFAULT_MODEL_NAME
 
 
 def load_config(model: ModelConfig | Mapping[str, Any] | str | Path) -> ModelConfig:
@@ -57,20 +57,13 @@ def load_config(model: ModelConfig | Mapping[str, Any] | str | Path) -> ModelCon
         return ModelConfig.from_hf(dict(model), name=str(model.get("_name_or_path", "")))
     path = Path(model)
     if path.suffix == ".gguf" and path.is_file():
-        return gguf_file_config(path)
+        from ..gguf_file import read_gguf_config
+
+        return read_gguf_config(path)
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
     if path.name.endswith(".json") and path.is_file():
-        return ModelConfig.from_hf(json.loads(path.read_text()), name=path.parent.name)
+        return ModelConfig.from_hf(read_json_object(path), name=path.parent.name)
     name = lookup(str(model), PRESETS, "model", also="or a path to a config.json, a model directory or a .gguf file")
     return ModelConfig.from_hf(PRESETS[name], name=name)
 
-
-def gguf_file_config(path: str | Path) -> ModelConfig:
-    """The config of a GGUF model from its metadata, without reading its tensors: tied embeddings when
-    the file has no `output.weight` (what `read_gguf_model` decides after loading them all)."""
-    from ..gguf_file import gguf_config, gguf_metadata, open_gguf
-
-    config = gguf_config(gguf_metadata(path), name=Path(path).stem)
-    config.tie_word_embeddings = all(t.name != "output.weight" for t in open_gguf(path).tensors)
-    return config

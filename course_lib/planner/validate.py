@@ -29,8 +29,9 @@ from ..profiling.flops import decode_cost, prefill_cost
 from ..profiling.loadtest import synthetic_prompt_ids
 from ..profiling.roofline import measure_matmul_flops
 from ..sampling import SamplingParams
-from .devices import DeviceSpec, dtype_name
-from .estimate import BANDWIDTH_FRACTION, DECODE_FLOPS_FRACTION, PREFILL_FLOPS_FRACTION, plan, weight_memory
+from ..dtypes import dtype_name
+from .devices import DeviceSpec
+from .estimate import plan, weight_memory
 
 SHORT_PROMPT = 32  # tokens: the prompt of the decode measurements (the chat template alone is 30)
 
@@ -71,31 +72,37 @@ def core_speedup(device: torch.device | str = "cpu") -> float:
     return everyone / alone
 
 
+def _steps(llm, prompt_tokens: int, concurrency: int, decode_tokens: int, tag: int) -> list[tuple]:
+    """The three checked figures: (name, unit, plan arguments, the plan's seconds, the measured seconds, seconds
+    -> the figure's unit).
+
+    Each request's cache while decoding averages SHORT_PROMPT + decode_tokens / 2 tokens."""
+    context = SHORT_PROMPT + decode_tokens // 2
+    return [
+        ("TPOT, 1 request", "ms", dict(context_len=context), lambda p: p.tpot_s,
+         lambda: measure_tpot(llm, decode_tokens, tag), lambda t: t * 1e3),
+        (f"TTFT, {prompt_tokens}-token prompt", "ms", dict(context_len=prompt_tokens), lambda p: p.ttft_s,
+         lambda: measure_ttft(llm, prompt_tokens, tag + 1), lambda t: t * 1e3),
+        (f"tokens/s, {concurrency} requests", "tok/s", dict(context_len=context, concurrency=concurrency),
+         lambda p: p.tpot_s, lambda: measure_step(llm, concurrency, decode_tokens, tag + 2),
+         lambda t: concurrency / t),  # a step's seconds -> the batch's tokens/s
+    ]
+
+
 def measure_round(llm, prompt_tokens: int = 512, concurrency: int = 16, decode_tokens: int = 24,
-                  repeats: int = 3, bandwidth_fraction: float = BANDWIDTH_FRACTION,
-                  prefill_flops_fraction: float = PREFILL_FLOPS_FRACTION,
-                  decode_flops_fraction: float = DECODE_FLOPS_FRACTION) -> list[dict]:
-    """Each figure measured once, right after this machine's ceilings, next to the plan's prediction from them."""
+                  repeats: int = 3, **fractions) -> list[dict]:
+    """Each figure measured once, right after this machine's ceilings, next to the plan's prediction from them
+    (`fractions`: plan's bandwidth_fraction, prefill_flops_fraction, decode_flops_fraction; default: plan's).
+    Each row keeps its `Plan`, whose formulas show the arithmetic."""
     cfg, device, dtype = llm.model.config, llm.model.device, dtype_name(llm.model.dtype)
     tag = random.getrandbits(30)  # fresh prompts: a prompt seen before would be answered by the prefix cache
-    context = SHORT_PROMPT + decode_tokens // 2  # each request's average cache length while decoding
-    kw = dict(dtype=dtype, bandwidth_fraction=bandwidth_fraction, prefill_flops_fraction=prefill_flops_fraction,
-              decode_flops_fraction=decode_flops_fraction)
-    figures = [
-        ("TPOT, 1 request", "ms", lambda: measure_tpot(llm, decode_tokens, tag) * 1e3,
-         lambda spec: plan(cfg, spec, context_len=context, **kw).tpot_s * 1e3),
-        (f"TTFT, {prompt_tokens}-token prompt", "ms", lambda: measure_ttft(llm, prompt_tokens, tag + 1) * 1e3,
-         lambda spec: plan(cfg, spec, context_len=prompt_tokens, **kw).ttft_s * 1e3),
-        (f"tokens/s, {concurrency} requests", "tok/s",
-         lambda: concurrency / measure_step(llm, concurrency, decode_tokens, tag + 2),
-         lambda spec: plan(cfg, spec, context_len=context, concurrency=concurrency, **kw).total_tokens_per_s),
-    ]
     rows = []
-    for figure, unit, measure, predict in figures:
+    for figure, unit, args, predicted, measure, to_unit in _steps(llm, prompt_tokens, concurrency, decode_tokens, tag):
         spec = DeviceSpec.measure(device, (dtype,), repeats)
-        measured = measure()
-        rows.append({"figure": figure, "unit": unit, "predicted": predict(spec), "measured": measured,
-                     "bandwidth": spec.bandwidth, "flops": spec.peak_flops(dtype)})
+        seconds = measure()
+        p = plan(cfg, spec, dtype=dtype, **args, **fractions)
+        rows.append({"figure": figure, "unit": unit, "predicted": to_unit(predicted(p)), "measured": to_unit(seconds),
+                     "bandwidth": spec.bandwidth, "flops": spec.peak_flops(dtype), "plan": p})
     return rows
 
 
@@ -121,28 +128,24 @@ def calibrate(llm, rounds: int = 3, prompt_tokens: int = 512, concurrency: int =
               repeats: int = 3) -> tuple[float, float, float]:
     """(bandwidth_fraction, prefill_flops_fraction, decode_flops_fraction) the engine reaches on this machine.
 
-    Three steps, each timed right after the ceilings, give three equations of the planner's time model
-    t = bytes / (bandwidth x fb) + FLOPs / (flops x ff): a decode step of 1 request, a `prompt_tokens`
-    prefill, a decode step of `concurrency` requests: the steps `validate` checks. Solved each round; the
-    median of the rounds is returned.
+    The three steps `validate` checks, each timed right after the ceilings, give three equations of the
+    planner's time model t = bytes / (bandwidth x fb) + FLOPs / (flops x ff): a decode step of 1 request,
+    a `prompt_tokens` prefill, a decode step of `concurrency` requests. Solved each round; the median of the
+    rounds is returned.
     """
     cfg, device, dtype = llm.model.config, llm.model.device, dtype_name(llm.model.dtype)
     read = weight_memory(cfg, dtype).read  # the engine's float model
-    context = SHORT_PROMPT + decode_tokens // 2
-    steps = [  # (cost, which flops fraction: 1 prefill, 2 decode, measurement)
-        (decode_cost(cfg, context, dtype=dtype, weight_bytes=read), 2,
-         lambda tag: measure_tpot(llm, decode_tokens, tag)),
-        (prefill_cost(cfg, prompt_tokens, dtype=dtype, weight_bytes=read, logits_tokens=1), 1,
-         lambda tag: measure_ttft(llm, prompt_tokens, tag)),
-        (decode_cost(cfg, context, batch=concurrency, dtype=dtype, weight_bytes=read), 2,
-         lambda tag: measure_step(llm, concurrency, decode_tokens, tag)),
-    ]
     fractions = []
     for _ in range(rounds):
         a, t = np.zeros((3, 3)), np.zeros(3)
-        for i, (cost, column, measure) in enumerate(steps):
+        steps = _steps(llm, prompt_tokens, concurrency, decode_tokens, random.getrandbits(30))
+        for i, (figure, _, args, _, measure, _) in enumerate(steps):
+            prefill = figure.startswith("TTFT")
+            cost = prefill_cost(cfg, args["context_len"], dtype=dtype, weight_bytes=read, logits_tokens=1) if prefill \
+                else decode_cost(cfg, args["context_len"], batch=args.get("concurrency", 1), dtype=dtype,
+                                 weight_bytes=read)
             spec = DeviceSpec.measure(device, (dtype,), repeats)
-            t[i] = measure(random.getrandbits(30))
-            a[i, 0], a[i, column] = cost.bytes / spec.bandwidth, cost.flops / spec.peak_flops(dtype)
+            t[i] = measure()
+            a[i, 0], a[i, 1 if prefill else 2] = cost.bytes / spec.bandwidth, cost.flops / spec.peak_flops(dtype)
         fractions.append(1 / np.linalg.solve(a, t))  # a @ (1/fb, 1/ff_prefill, 1/ff_decode) = t
     return tuple(float(f) for f in np.median(np.array(fractions), axis=0))

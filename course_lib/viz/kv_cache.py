@@ -65,9 +65,11 @@ def plot_generation_cost(step_s_no_cache: Sequence[float], step_s_cache: Sequenc
 
 
 def plot_stacked_bars(rows: Mapping[str, Mapping[str, float]], unit: str, title: str,
-                      lines: Mapping[str, float] | None = None, percent: bool = False) -> Figure:
+                      lines: Mapping[str, float] | None = None, percent: bool = False,
+                      line_colour: str = "black") -> Figure:
     """One horizontal bar per row, split into its parts (e.g. weights / KV cache / activations), with the
-    total written at the end; `lines` draws labelled vertical limits (e.g. a GPU's memory) above the bars."""
+    total written at the end; `lines` draws labelled vertical limits (e.g. a GPU's memory) above the bars:
+    the largest solid, the others dashed."""
     names = list(rows)
     parts = list(dict.fromkeys(p for r in rows.values() for p in r))
     fig, axes = _figure((10, 0.6 * len(names) + 2.2))
@@ -82,8 +84,9 @@ def plot_stacked_bars(rows: Mapping[str, Mapping[str, float]], unit: str, title:
             ax.annotate(f"{total:,.1f} {unit}", (total, y), textcoords="offset points", xytext=(4, 0),
                         va="center", fontsize=8)
     top = max(left.max(), max((lines or {}).values(), default=0.0))
-    for i, (label, x) in enumerate(sorted((lines or {}).items(), key=lambda kv: kv[1])):
-        ax.axvline(x, color="black", ls="--", lw=1)
+    ordered = sorted((lines or {}).items(), key=lambda kv: kv[1])
+    for i, (label, x) in enumerate(ordered):
+        ax.axvline(x, color=line_colour, ls="-" if i == len(ordered) - 1 and line_colour != "black" else "--", lw=1.5)
         ax.text(x, 1.02 + 0.07 * (i % 2), label, transform=ax.get_xaxis_transform(), ha="center", fontsize=8)
     ax.set_xlim(0, 100 if percent else top * 1.18)
     ax.invert_yaxis()

@@ -11,57 +11,38 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
-import numpy as np
-
 from ..planner import DEVICES, PRESETS, THIS_MACHINE, DeviceSpec, Plan, find_device, plan
-from .kv_cache import PART_COLOURS
+from ..profiling.memory import GiB
+from .kv_cache import plot_stacked_bars
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-GiB = 2 ** 30
 QUANTIZATION = {"none": None, "int8": 8, "int4": 4}  # the widget's choices -> plan(weight_bits=...)
 
 
 def plot_memory_plan(plans: Plan | Mapping[str, Plan], title: str | None = None) -> Figure:
     """One horizontal bar per plan, split into weights, KV cache and activations (GiB), with a red line where
-    the device's memory ends and a dashed one where the usable part ends. All plans must share a device."""
-    import matplotlib.pyplot as plt
-
+    the device's memory ends and a dashed one where the usable part ends (`plot_stacked_bars`). All plans must
+    share a device; each bar's label says whether it fits."""
     plans = {f"{plans.weights}, {plans.concurrency} x {plans.context_len:,}": plans} if isinstance(plans, Plan) \
         else dict(plans)
     first = next(iter(plans.values()))
     if any(p.memory_bytes != first.memory_bytes for p in plans.values()):
         raise ValueError("plot_memory_plan draws one device's memory line: give it plans for the same device")
-    names = list(plans)
-    parts = {"weights": [p.weight_bytes for p in plans.values()], "KV cache": [p.kv_bytes for p in plans.values()],
-             "activations": [p.activation_bytes for p in plans.values()]}
-    fig, ax = plt.subplots(figsize=(10, 0.55 * len(names) + 2.0), layout="constrained")
-    left = np.zeros(len(names))
-    for part, values in parts.items():
-        gib = np.array(values, float) / GiB
-        ax.barh(names, gib, left=left, color=PART_COLOURS[part], label=part, edgecolor="white", linewidth=0.5)
-        left += gib
-    for y, (total, p) in enumerate(zip(left, plans.values())):
-        verdict = "fits" if p.fits else f"{p.max_concurrency} of {p.concurrency} users fit"
-        ax.annotate(f"{total:,.1f} GiB: {verdict}", (total, y), textcoords="offset points", xytext=(4, 0),
-                    va="center", fontsize=8)
+    rows = {f"{name}: " + ("fits" if p.fits else f"{p.max_concurrency} of {p.concurrency} users fit"):
+            {"weights": p.weight_bytes / GiB, "KV cache": p.kv_bytes / GiB, "activations": p.activation_bytes / GiB}
+            for name, p in plans.items()}
     memory, usable = first.memory_bytes / GiB, first.usable_bytes / GiB
-    ax.axvline(memory, color="#d62828", lw=2, label=f"{first.device}: {memory:,.0f} GiB")
-    ax.axvline(usable, color="#d62828", lw=1, ls="--", label=f"usable ({usable / memory:.0%})")
-    ax.set_xlim(0, max(left.max(), memory) * 1.3)
-    ax.invert_yaxis()
-    ax.set_xlabel("memory (GiB)")
-    ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, frameon=False)
-    ax.set_title(title or f"Where the memory goes: {first.model} on {first.device}")
-    return fig
+    lines = {f"{first.device}: {memory:,.0f} GiB": memory, f"usable ({usable / memory:.0%})": usable}
+    return plot_stacked_bars(rows, "GiB", title or f"Where the memory goes: {first.model} on {first.device}",
+                             lines=lines, line_colour="#d62828")
 
 
 def planner_view(model: str, quantization: str, device: str | DeviceSpec, context: int, users: int,
                  measured: dict[str, DeviceSpec] | None = None) -> tuple[Plan, Figure]:
     """The plan for the widget's choices and its memory chart. `device` THIS_MACHINE is measured once and kept
-    in `measured` (pass the same dict each call); the dtype is the device's own (float32 on a CPU)."""
+    in `measured` (pass the same dict each call); the dtype is the device's own (float32 on a CPU), plan's default."""
     if isinstance(device, str) and device == THIS_MACHINE:
         measured = {} if measured is None else measured
         if THIS_MACHINE not in measured:
@@ -70,7 +51,7 @@ def planner_view(model: str, quantization: str, device: str | DeviceSpec, contex
     spec = find_device(device)
     if quantization not in QUANTIZATION:
         raise ValueError(f"quantization must be one of {list(QUANTIZATION)}, got {quantization!r}")
-    result = plan(model, spec, dtype=spec.default_dtype, weight_bits=QUANTIZATION[quantization],
+    result = plan(model, spec, weight_bits=QUANTIZATION[quantization],
                   context_len=context, concurrency=users)
     title = (f"{result.model} ({result.weights}) on {result.device}: {users:,} user{'s' if users != 1 else ''} "
              f"x {context:,} tokens")
