@@ -22,6 +22,9 @@ from course_lib.model import Transformer
 from course_lib.sampling import SamplingParams
 
 
+needs_cpp = pytest.mark.skipif(not cpu_paged.toolchain_available(), reason="no C++ compiler or ninja here")
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2)])
 def test_decode_attention_matches_paged_decode_attention(dtype, tol):
     torch.manual_seed(0)
@@ -55,7 +58,6 @@ def tiny_model(dtype=torch.float32) -> Transformer:
     return model
 
 
-needs_cpp = pytest.mark.skipif(not cpu_paged.available(), reason="the C++ kernel cannot be built here")
 
 
 @pytest.mark.parametrize("use_cpp", [False, pytest.param(True, marks=needs_cpp)])

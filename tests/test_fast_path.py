@@ -90,19 +90,19 @@ def test_packed_model_matches_fused_model():
     assert linears == [] and isinstance(packed.lm_head, PackedLinear)
     assert weight_bytes(packed) == weight_bytes(fused)  # each weight replaced, not copied (lm_head is untied here)
     ids = torch.randint(0, 97, (2, 17))
-    torch.testing.assert_close(packed(ids).float(), fused(ids).float(), rtol=0.05, atol=0.05)
+    torch.testing.assert_close(packed(ids), fused(ids), rtol=1.6e-2, atol=1e-3)  # bfloat16 rounding (0.0 here)
 
 
 @needs_bf16_packing
 def test_bfloat16_engine_packs_and_keeps_its_greedy_tokens():
-    from course_lib.engine.llm_engine import EngineConfig, LLMEngine
     from course_lib.loading import load_model
 
     fast = LLM(device="cpu", dtype="bfloat16", fast_path=True)
     assert isinstance(fast.model.lm_head, PackedLinear)
-    unpacked = LLMEngine(use_fast_path(load_model(device="cpu", dtype=torch.bfloat16)), fast.tokenizer, EngineConfig())
+    # the same fused model and decode kernel, only not packed
+    unpacked = LLM.from_model(use_fast_path(load_model(device="cpu", dtype=torch.bfloat16)), fast.tokenizer,
+                              cpp_decode_attention=fast.engine.model_runner.use_cpp)
     prompts = ["The capital of France is", "1, 2, 3, 4,"]
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-    ids = unpacked.add_requests([fast.tokenizer.encode(p) for p in prompts], [params] * 2)
-    want = {o.request_id: o.outputs[0].token_ids for o in unpacked.outputs(ids) if o.finished}
-    assert [o.outputs[0].token_ids for o in fast.generate(prompts, params)] == [want[i] for i in ids]
+    want = [o.outputs[0].token_ids for o in unpacked.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in fast.generate(prompts, params)] == want

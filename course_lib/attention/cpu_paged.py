@@ -50,6 +50,13 @@ def _extension():
         return None
 
 
+def toolchain_available() -> bool:
+    """A C++ compiler and ninja are on PATH: where they are, the kernel is expected to build (the tests insist)."""
+    import shutil
+
+    return shutil.which("c++") is not None and shutil.which("ninja") is not None
+
+
 def available(device: torch.device | str = "cpu") -> bool:
     """True when `device` is the CPU and the kernel is built (building it now if needed).
 

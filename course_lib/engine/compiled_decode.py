@@ -103,10 +103,9 @@ class CompiledDecodeStep:
 
     def __init__(self, model: Transformer, kv_cache: PagedKVCache, use_cpp: bool = False):
         self.model, self.kv_cache = model, kv_cache
+        # Batched steps use the graph only with the C++ kernel: with attention compiled from PyTorch ops the
+        # batched graph was slower than eager (see the module docstring); with the kernel it was faster.
         self.use_cpp = use_cpp and cpu_paged.available(model.device)
-        # Steps with more sequences than this run eagerly: with attention compiled from PyTorch ops the
-        # batched graph was slower than eager (see the module docstring); with the C++ kernel it was faster.
-        self.max_seqs = 1 << 30 if self.use_cpp else 1
         options = {}
         if model.device.type == "cpu":
             # freezing prepacks the weights for oneDNN: it pays in bfloat16 (AMX); in float32 it was
@@ -125,10 +124,10 @@ class CompiledDecodeStep:
         Returns the seconds it took, also kept in `compile_seconds`. Writes nothing to the cache.
         """
         device, t = self.model.device, time.perf_counter()
-        sizes = [(1, 2), (1, 3)] + ([(2, 2), (3, 3)] if self.max_seqs > 1 else [])  # (sequences, blocks)
+        sizes = [(1, 2), (1, 3)] + ([(2, 2), (3, 3)] if self.use_cpp else [])  # (sequences, blocks)
         for n, blocks in sizes:
             self._step(torch.zeros(n, dtype=torch.long, device=device), torch.full((n,), 5, device=device),
-                       torch.zeros(n, blocks, dtype=torch.long, device=device),
+                       torch.zeros(n, blocks, dtype=torch.int32, device=device),
                        torch.full((n,), 5, dtype=torch.int32, device=device))
         self.compile_seconds += time.perf_counter() - t
         return self.compile_seconds
@@ -139,8 +138,8 @@ class CompiledDecodeStep:
         """input_ids, positions, slot_mapping [n]; block_tables: each sequence's blocks, enough for its
         position. Stores the new K/V at `slot_mapping` and returns logits [n, vocab]."""
         width = max(self.MIN_BLOCKS, max(map(len, block_tables)))
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long,
-                              device=input_ids.device)  # [n, blocks]; padding reads block 0, masked
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32,
+                              device=input_ids.device)  # [n, blocks], the kernel's int32; padding reads block 0, masked
         logits, new_k, new_v = self._step(input_ids, positions, tables, positions.to(torch.int32))
         self.steps += 1
         layers, _, kv_heads, head_dim = new_k.shape

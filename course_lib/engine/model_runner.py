@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..attention import cpu_paged
 from ..attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache, slots_for
 from ..model import Transformer
 from ..sampling import Sampler
@@ -20,7 +21,7 @@ class ModelRunner:
     """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`.
 
     With `compile_decode=True`, decode-only steps go through a `CompiledDecodeStep` (compiled here,
-    once): steps of one sequence always, batched ones when it uses the C++ kernel (its `max_seqs`);
+    once): steps of one sequence always, batched ones when it uses the C++ kernel;
     other steps run eagerly. `cpp_decode_attention=True` gives decode rows the C++ kernel on the CPU,
     in the compiled graph and in eager steps (`PagedAttention(use_cpp=True)`).
     """
@@ -29,13 +30,13 @@ class ModelRunner:
                  cpp_decode_attention: bool = False):
         self.model = model
         self.kv_cache = kv_cache
-        self.use_cpp = cpp_decode_attention
+        self.use_cpp = cpp_decode_attention and cpu_paged.available(kv_cache.device)  # builds it now, not mid-request
         self.sampler = Sampler()
         self.compiled_decode = None
         if compile_decode:
             from .compiled_decode import CompiledDecodeStep
 
-            self.compiled_decode = CompiledDecodeStep(model, kv_cache, use_cpp=cpp_decode_attention)
+            self.compiled_decode = CompiledDecodeStep(model, kv_cache, use_cpp=self.use_cpp)
             self.compiled_decode.warmup()
 
     @torch.inference_mode()
@@ -52,7 +53,7 @@ class ModelRunner:
             if done:
                 logits_index.append(len(ids) - 1)
         if (self.compiled_decode is not None and len(ids) == len(batch.seqs) == len(logits_index)
-                and len(ids) <= self.compiled_decode.max_seqs):
+                and (len(ids) == 1 or self.compiled_decode.use_cpp)):
             slots = [slots_for(seq.block_table, [p], self.kv_cache.block_size)[0]
                      for seq, p in zip(batch.seqs, positions)]
             logits = self.compiled_decode(  # every sequence adds one token and samples
