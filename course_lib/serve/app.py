@@ -90,8 +90,8 @@ def create_app(llm: LLM, served_model_name: str = "SmolLM2-135M-Instruct", defau
             raise OpenAIError(f"the model {body.model!r} does not exist; this server serves {served_model_name!r}",
                               "model", status=404, code="model_not_found")
         params = body.sampling_params(default_max_tokens)
-        try:
-            llm.engine.check_request(prompt, params)  # a prompt longer than the context, a stop id outside the vocab
+        try:  # a prompt longer than the context, a stop id outside the vocab; the ids are the engine's input
+            prompt = llm.engine.check_request(prompt, params)
         except (TypeError, ValueError) as e:
             param = "stop_token_ids" if "stop_token_ids" in str(e) else "messages" if chat else "prompt"
             raise OpenAIError(str(e), param) from e

@@ -6,22 +6,25 @@
 """
 from __future__ import annotations
 
-import re
 import threading
 import time
 
 import httpx
 import pandas as pd
+from prometheus_client.parser import text_string_to_metric_families
 
 WATCHED = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "generation_tokens_total",
            "prompt_tokens_total")
 
 
 def parse_metrics(text: str, prefix: str = "course_lib:") -> dict[str, float]:
-    """{name without prefix: value} of every unlabelled or single-series metric line with `prefix`."""
+    """{name without prefix: value} of every sample named with `prefix` (the first series of a labelled metric),
+    read by prometheus_client's own parser of the text format."""
     values = {}
-    for name, value in re.findall(rf"^{re.escape(prefix)}(\w+)(?:{{[^}}]*}})? (\S+)$", text, re.M):
-        values.setdefault(name, float(value))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(prefix):
+                values.setdefault(sample.name.removeprefix(prefix), sample.value)
     return values
 
 
