@@ -2,6 +2,7 @@
 and on (a simulated) Colab it clones, installs and puts the course on the path."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -41,7 +42,7 @@ def test_off_colab_the_cell_does_nothing(monkeypatch, capsys):
 def test_on_colab_the_cell_clones_installs_and_puts_the_course_on_the_path(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     monkeypatch.setattr(colab, "CLONE_DIR", str(tmp_path / "course"))
-    real_find_spec = __import__("importlib").util.find_spec
+    real_find_spec = importlib.util.find_spec
     monkeypatch.setattr("importlib.util.find_spec",
                         lambda name, *a: None if name == "course_lib" else real_find_spec(name, *a))
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -55,7 +56,7 @@ def test_on_colab_the_cell_clones_installs_and_puts_the_course_on_the_path(monke
             (tmp_path / "course" / "notebooks").mkdir(parents=True)
 
     namespace = {"get_ipython": lambda: types.SimpleNamespace(system=system)}
-    exec(TransformerManager().transform_cell(colab.setup_cell_source()), namespace)
+    run_cell(namespace)
     assert namespace["COURSE_REPO"] == colab.REPOSITORY_URL
     clone, install = calls
     assert clone.startswith("git clone") and "{COURSE_REPO}" in clone and str(tmp_path / "course") in clone
@@ -65,7 +66,7 @@ def test_on_colab_the_cell_clones_installs_and_puts_the_course_on_the_path(monke
     assert sys.path[0] == str(tmp_path / "course") and chdirs == [str(tmp_path / "course" / "notebooks")]
 
     calls.clear()  # a second run in the same runtime (course_lib still not importable): no second clone
-    exec(TransformerManager().transform_cell(colab.setup_cell_source()), namespace)
+    run_cell(namespace)
     assert len(calls) == 1 and calls[0].startswith("pip install")
 
 

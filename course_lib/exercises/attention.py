@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from ..attention import causal_attention
 from ..config import ModelConfig
 from ..profiling.memory import kv_bytes_per_token
-from .check import Case, run_checks
+from .check import Case, run_checks, seeded_randn
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -26,8 +26,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
-    """Random float32 tensor from its own generator: the learner's global seed is left alone."""
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+    """`seeded_randn` in float32, times `scale`."""
+    return seeded_randn(*shape, seed=seed, dtype=torch.float32) * scale
 
 
 def _as_tensor(result: object, shape: tuple[int, ...], what: str) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 
 from ..config import ModelConfig
 from ..kv_cache import KVCache
-from .check import Case, run_checks
+from .check import Case, as_int, run_checks
 
 # Questions whose greedy answers have clear winners (top-2 logit margin of about 0.5 or more at every step, in float32
 # and bfloat16), so a loop written another way (no `last_only`, no cache) still picks the same tokens.
@@ -62,13 +62,6 @@ def greedy_run(model: Any, tokenizer: Any, question: str, max_tokens: int) -> Gr
     return _RUNS[key]
 
 
-def _as_int(value: Any, what: str) -> int:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    assert isinstance(value, int) and not isinstance(value, bool), f"{what} must be an int, got {type(value).__name__}"
-    return value
-
-
 # --- exercise 1: the finish of a greedy chat turn -------------------------------------------------------------------
 
 
@@ -93,7 +86,7 @@ def check_greedy_chat(fn: Callable[[Any, Any, list[dict], int], tuple[str, int]]
         def verify(got, ids=ids, want=want, max_tokens=max_tokens):
             assert isinstance(got, (tuple, list)) and len(got) == 2, \
                 f"return a pair (finish_reason, last_token_id), got {got!r}"
-            reason, last = got[0], _as_int(got[1], "the last token id")
+            reason, last = got[0], as_int(got[1], "the last token id")
             assert reason in ("stop", "length"), f"finish_reason is 'stop' or 'length', got {reason!r}"
             if reason != want[0]:
                 hint = (f"the answer ended with EOS (id {ids[-1]}) as token {len(ids)} of max_tokens={max_tokens}: "
@@ -130,7 +123,7 @@ def check_cached_tokens(fn: Callable[[int, int, bool], int], llm: Any) -> bool:
         P, N, eos = len(run.prompt_ids), len(run.output_ids), run.ended_with_eos
 
         def verify(got, P=P, N=N, eos=eos, want=run.cached_tokens):
-            got = _as_int(got, "the number of cached tokens")
+            got = as_int(got, "the number of cached tokens")
             if got == want:
                 return
             hint = ("the last token is sampled but never fed back, so its K and V are never written" if got == P + N
