@@ -8,7 +8,8 @@ import torch
 
 from course_lib import LLM, SamplingParams
 from course_lib.config import ModelConfig
-from course_lib.fast_path import FusedAttention, FusedMLP, PackedLinear, can_pack, pack_linears, use_fast_path
+from course_lib.fast_path import (FewRowsLinear, FusedAttention, FusedMLP, PackedLinear, can_pack, pack_linears,
+                                  use_fast_path)
 from course_lib.kv_cache import KVCache
 from course_lib.model import Transformer
 from course_lib.profiling.memory import weight_bytes
@@ -79,7 +80,42 @@ def test_packed_linear_matches_linear(bias):
 def test_pack_linears_only_in_half_precision_on_the_cpu():
     model = use_fast_path(tiny())  # float64: left alone
     assert pack_linears(model) is model and type(model.lm_head) is torch.nn.Linear
+    assert all(type(m) is not FewRowsLinear for m in model.modules())
     assert not can_pack("cpu", torch.float32) and not can_pack("meta", torch.bfloat16)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_few_rows_linear_matches_linear(bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96, bias=bias)
+    few = copy.deepcopy(linear)
+    few.__class__ = FewRowsLinear
+    for shape in [(1, 64), (4, 64), (8, 64), (1, 16, 64), (2, 24, 64), (48, 64), (49, 64), (0, 64)]:
+        x = torch.randn(shape)
+        got = few(x)
+        assert got.shape == linear(x).shape and got.is_contiguous()
+        torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)  # float32 rounding, another order
+
+
+def test_float32_layers_become_few_rows_linear_sharing_their_weights():
+    model = use_fast_path(tiny()).float()
+    weights = {name: m.weight for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    ids = torch.randint(0, 97, (1, 20))  # 20 rows: the W @ x^T branch
+    want = model(ids)
+    pack_linears(model)
+    assert type(model.lm_head) is torch.nn.Linear  # project_to_vocab already computes it as W @ x^T
+    layers = [m for m in model.modules() if isinstance(m, FewRowsLinear)]  # qkv, o, gate_up, down per block
+    assert len(layers) == 4 * 3 and all(m.weight is weights[n] for n, m in model.named_modules() if m in layers)
+    torch.testing.assert_close(model(ids), want, rtol=1e-5, atol=1e-5)
+
+
+def test_float32_engine_batch_of_few_rows_keeps_greedy_tokens(llm):
+    fast = LLM(device="cpu", fast_path=True)
+    assert isinstance(fast.model.layers[0].mlp.down_proj, FewRowsLinear)
+    prompts = [f"Count from {i}: {i}," for i in range(10)]  # 10 decode rows a step: the W @ x^T branch
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in fast.generate(prompts, params)] == want
 
 
 @needs_bf16_packing

@@ -6,55 +6,23 @@ reads it back, padding included. This kernel reads each sequence's K/V once, in 
 block table. Measured with torch 2.13 on a 2-core Xeon, bfloat16, the default model's heads, per
 layer: see `benchmarks/compare.py` and the note of issue 12 for the step-level effect.
 
-The source is compiled on first use with `torch.utils.cpp_extension.load` (needs a C++ compiler and
-ninja; ~30-60 s once, then cached by PyTorch). Where it cannot be built, `available()` is False,
-says why once, and the engine keeps the PyTorch reference.
+The source is compiled on first use (`course_lib.cpp_build`: needs a C++ compiler and ninja; ~30-60 s
+once, then cached by PyTorch). Where it cannot be built, `available()` is False, says why once, and
+the engine keeps the PyTorch reference.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
-import platform
-import warnings
 from pathlib import Path
 
 import torch
 
+from ..cpp_build import load_cpu_extension, toolchain_available  # noqa: F401 (the tests ask it)
+
 SOURCE = Path(__file__).with_name("paged_decode_cpu.cpp")
 
 
-def _cpu_tag() -> str:
-    """A short hash of this CPU's feature flags: a build made with -march=native for one CPU is never
-    loaded on another (PyTorch's build cache is keyed by the source and flags, not by the CPU)."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = platform.processor() or platform.machine()
-    return hashlib.sha1(flags.encode()).hexdigest()[:10]
-
-
-@functools.cache
 def _extension():
-    """The compiled module, or None (with one warning) when this machine cannot build it."""
-    if os.environ.get("COURSE_LIB_NO_CPP") == "1":
-        return None
-    try:
-        from torch.utils.cpp_extension import load
-
-        return load(name=f"course_lib_paged_decode_cpu_{_cpu_tag()}", sources=[str(SOURCE)],
-                    extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"], extra_ldflags=["-fopenmp"], verbose=False)
-    except Exception as e:  # no compiler, no ninja, a failed build: keep the PyTorch path
-        warnings.warn(f"the C++ paged decode kernel could not be built ({type(e).__name__}: {e}); "
-                      "decode attention on the CPU uses the PyTorch reference (slower)")
-        return None
-
-
-def toolchain_available() -> bool:
-    """A C++ compiler and ninja are on PATH: where they are, the kernel is expected to build (the tests insist)."""
-    import shutil
-
-    return shutil.which("c++") is not None and shutil.which("ninja") is not None
+    return load_cpu_extension("paged_decode_cpu", SOURCE)
 
 
 def available(device: torch.device | str = "cpu") -> bool:
@@ -90,4 +58,4 @@ def paged_decode_op(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer:
 
 @paged_decode_op.register_fake
 def _(q, k_cache_layer, v_cache_layer, block_tables, context_lens, k_new=None, v_new=None):
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)  # contiguous, as the kernel's output is, whatever q's strides

@@ -12,10 +12,28 @@
 // and serves every query head (one task per KV head would read a third of each row, strided).
 //
 // No gather into a padded tensor and no mask: each sequence reads exactly its own context_len tokens.
+//
+// Two versions of the same steps: `paged_decode` (plain loops, any dtype and head_dim: the readable one,
+// and the one for float64) and `paged_decode_vec` (float, bfloat16, float16 with head_dim 64 or 128: the
+// one that runs), written with ATen's Vectorized<float> on the SIMD width this CPU was built for.
+// Measured per call on a 2-core Xeon (AVX-512), bfloat16, 9 query and 3 KV heads of 64, plain -> vector:
+// 16 sequences of 110 tokens 205 -> 136 us, 64 of 110 817 -> 654 us, 16 of 512 852 -> 649 us (that one
+// reads 6.3 MB of K/V: ~350 us at the machine's 17.8 GB/s, so it is now mostly waiting on memory).
+
+// Use the widest vector code this build's -march=native allows (ATen's own kernels are built per width).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define CPU_CAPABILITY_AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CPU_CAPABILITY_AVX2
+#endif
 
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 #include <torch/extension.h>
+
+#include <type_traits>
 
 #include <algorithm>
 #include <cmath>
@@ -84,6 +102,81 @@ void paged_decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_
   });
 }
 
+using fVec = at::vec::Vectorized<float>;
+
+// HEAD_DIM values of p as HEAD_DIM / fVec::size() float vectors.
+template <typename scalar_t, int64_t HEAD_DIM>
+inline void load_as_float(const scalar_t* p, fVec* out) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    for (int64_t i = 0; i < HEAD_DIM / fVec::size(); ++i) out[i] = fVec::loadu(p + i * fVec::size());
+  } else {
+    using hVec = at::vec::Vectorized<scalar_t>;  // twice as many lanes as fVec
+    for (int64_t i = 0; i < HEAD_DIM / hVec::size(); ++i) {
+      auto [lo, hi] = at::vec::convert_to_float<scalar_t>(hVec::loadu(p + i * hVec::size()));
+      out[2 * i] = lo;
+      out[2 * i + 1] = hi;
+    }
+  }
+}
+
+// The same four steps as `paged_decode`, a KV head at a time: each token's K (V) of that head is loaded
+// once, as float vectors, and serves the head's `group` query heads. Float accumulation throughout.
+template <typename scalar_t, int64_t HEAD_DIM>
+void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache, const int32_t* block_tables,
+                      const int32_t* context_lens, const scalar_t* k_new, const scalar_t* v_new, scalar_t* out,
+                      int64_t num_seqs, int64_t num_heads, int64_t kv_heads, int64_t /*head_dim*/,
+                      int64_t block_size, int64_t max_blocks) {
+  constexpr int64_t V = HEAD_DIM / fVec::size();  // float vectors per head
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HEAD_DIM));
+  const int64_t group = num_heads / kv_heads, row_len = kv_heads * HEAD_DIM, block_stride = block_size * row_len;
+  at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(num_heads * HEAD_DIM), acc(num_heads * HEAD_DIM), scores;
+    for (int64_t seq = begin; seq < end; ++seq) {
+      const int64_t cached = context_lens[seq], ctx = cached + (k_new != nullptr);
+      const int32_t* table = block_tables + seq * max_blocks;
+      auto token_row = [&](const scalar_t* cache, const scalar_t* fresh, int64_t t) {
+        return t < cached ? cache + table[t / block_size] * block_stride + (t % block_size) * row_len
+                          : fresh + seq * row_len;
+      };
+      const scalar_t* q_seq = q + seq * num_heads * HEAD_DIM;
+      for (int64_t i = 0; i < num_heads * HEAD_DIM; ++i) qf[i] = static_cast<float>(q_seq[i]) * scale;  // 1.
+      scores.resize(num_heads * ctx);  // [num_heads, ctx]
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        const int64_t h0 = g * group;  // this KV head's query heads: h0 .. h0 + group - 1
+        fVec x[V];
+        for (int64_t t = 0; t < ctx; ++t) {  // 2. scores
+          load_as_float<scalar_t, HEAD_DIM>(token_row(k_cache, k_new, t) + g * HEAD_DIM, x);
+          for (int64_t h = h0; h < h0 + group; ++h) {
+            const float* qh = qf.data() + h * HEAD_DIM;
+            fVec dot = fVec::loadu(qh) * x[0];
+            for (int64_t i = 1; i < V; ++i) dot = at::vec::fmadd(fVec::loadu(qh + i * fVec::size()), x[i], dot);
+            scores[h * ctx + t] = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, dot);
+          }
+        }
+        for (int64_t h = h0; h < h0 + group; ++h) {  // 3. softmax
+          float* p = scores.data() + h * ctx;
+          const float max = at::vec::reduce_all<float>([](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, p, ctx);
+          at::vec::map([max](fVec s) { return (s - fVec(max)).exp_u20(); }, p, p, ctx);
+          const float inv = 1.0f / at::vec::reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, p, ctx);
+          at::vec::map([inv](fVec s) { return s * fVec(inv); }, p, p, ctx);
+        }
+        for (int64_t t = 0; t < ctx; ++t) {  // 4. out = P V
+          load_as_float<scalar_t, HEAD_DIM>(token_row(v_cache, v_new, t) + g * HEAD_DIM, x);
+          for (int64_t h = h0; h < h0 + group; ++h) {
+            const fVec p(scores[h * ctx + t]);
+            float* oh = acc.data() + h * HEAD_DIM;
+            for (int64_t i = 0; i < V; ++i)
+              at::vec::fmadd(p, x[i], fVec::loadu(oh + i * fVec::size())).store(oh + i * fVec::size());
+          }
+        }
+      }
+      scalar_t* o = out + seq * num_heads * HEAD_DIM;
+      for (int64_t i = 0; i < num_heads * HEAD_DIM; ++i) o[i] = static_cast<scalar_t>(acc[i]);
+    }
+  });
+}
+
 // q [num_seqs, num_heads, head_dim]; k/v_cache [num_blocks, block_size, kv_heads, head_dim] (one layer);
 // block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32: cached tokens of each sequence.
 // k_new, v_new [num_seqs, kv_heads, head_dim] (optional): one more token per sequence, not yet in the cache,
@@ -114,9 +207,13 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
              k_new ? k_new->data_ptr<scalar_t>() : nullptr, v_new ? v_new->data_ptr<scalar_t>() : nullptr,
              out.data_ptr<scalar_t>(), num_seqs, num_heads, kv_heads, head_dim, block_size, block_tables.size(1));
     };
-    if (head_dim == 64) run(paged_decode<scalar_t, 64>);
-    else if (head_dim == 128) run(paged_decode<scalar_t, 128>);
-    else run(paged_decode<scalar_t, 0>);
+    if constexpr (std::is_same_v<scalar_t, double>) {
+      run(paged_decode<scalar_t, 0>);
+    } else {
+      if (head_dim == 64) run(paged_decode_vec<scalar_t, 64>);
+      else if (head_dim == 128) run(paged_decode_vec<scalar_t, 128>);
+      else run(paged_decode<scalar_t, 0>);
+    }
   });
   return out;
 }

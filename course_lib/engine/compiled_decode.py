@@ -109,7 +109,8 @@ class CompiledDecodeStep:
         options = {}
         if model.device.type == "cpu":
             # freezing prepacks the weights for oneDNN: it pays in bfloat16 (AMX); in float32 it was
-            # measured level (batch 1: 26.9 vs 26.2 ms a step; 16 sequences: 193 vs 187 tok/s).
+            # measured level (batch 1: 26.9 vs 26.2 ms a step; 16 sequences: 193 vs 187 tok/s), and the
+            # float32 layers are `FewRowsLinear`s, which the graph computes as W @ x^T (see fast_path).
             options = {"cpp_wrapper": True, "freezing": model.dtype != torch.float32}
         self._step = torch.compile(functools.partial(decode_step, model, kv_cache, use_cpp=self.use_cpp),
                                    dynamic=True, options=options)

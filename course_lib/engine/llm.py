@@ -90,10 +90,10 @@ class LLM:
             from ..quant import quantize_model
 
             quantize_model(self.model, quantization, group_size=group_size)
-        if fast_path and not engine_config.compile_decode:  # torch.compile cannot lower packed weights;
-            from ..fast_path import pack_linears              # it packs its own (freezing) in bfloat16
+        if fast_path:  # last: on the CPU, oneDNN-packed weights (bf16) or FewRowsLinear (f32)
+            from ..fast_path import pack_linears
 
-            pack_linears(self.model)  # last: bfloat16 on the CPU gets oneDNN-packed weights
+            pack_linears(self.model, opaque=not engine_config.compile_decode)  # Inductor packs its own (freezing)
         self.config = self.model.config
         self.engine = LLMEngine(self.model, self.tokenizer, engine_config)
 
