@@ -8,8 +8,9 @@ import torch
 
 from course_lib import LLM, SamplingParams
 from course_lib.config import ModelConfig
-from course_lib.fast_path import (FewRowsLinear, FusedAttention, FusedMLP, PackedLinear, can_pack, pack_linears,
-                                  use_fast_path)
+from course_lib.cpp_build import toolchain_available
+from course_lib.fast_path import (FewRowsLinear, FusedAttention, FusedMLP, OneRowLinear, PackedLinear, can_pack,
+                                  gemv_kernel, pack_linears, use_fast_path)
 from course_lib.kv_cache import KVCache
 from course_lib.model import Transformer
 from course_lib.profiling.memory import weight_bytes
@@ -124,7 +125,9 @@ def test_packed_model_matches_fused_model():
     packed = pack_linears(copy.deepcopy(fused))
     linears = [m for m in packed.modules() if isinstance(m, torch.nn.Linear)]
     assert linears == [] and isinstance(packed.lm_head, PackedLinear)
-    assert weight_bytes(packed) == weight_bytes(fused)  # each weight replaced, not copied (lm_head is untied here)
+    kept = packed.lm_head.weight is not None  # bfloat16 with the one-row kernel: plain weights kept as well
+    plain = sum(m.weight.numel() * 2 for m in fused.modules() if isinstance(m, torch.nn.Linear))
+    assert weight_bytes(packed) == weight_bytes(fused) + kept * plain  # lm_head is untied here
     ids = torch.randint(0, 97, (2, 17))
     torch.testing.assert_close(packed(ids), fused(ids), rtol=1.6e-2, atol=1e-3)  # bfloat16 rounding (0.0 here)
 
@@ -142,3 +145,56 @@ def test_bfloat16_engine_packs_and_keeps_its_greedy_tokens():
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in unpacked.generate(prompts, params)]
     assert [o.outputs[0].token_ids for o in fast.generate(prompts, params)] == want
+
+
+needs_cpp = pytest.mark.skipif(not toolchain_available(), reason="no C++ compiler or ninja here")
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float16, 1e-3), (torch.float32, 1e-5)])
+def test_gemv_kernel_matches_linear(dtype, tol):
+    kernel = gemv_kernel()
+    assert kernel is not None  # a toolchain is here: the kernel must build
+    torch.manual_seed(0)
+    for n, k in [(96, 64), (7, 64), (5, 100), (3, 1536), (1, 32)]:  # n % 4 != 0, k % 32 != 0
+        w, x = torch.randn(n, k, dtype=dtype), torch.randn(1, k, dtype=dtype)
+        got, want = kernel.gemv(x, w), torch.nn.functional.linear(x.float(), w.float())
+        assert got.dtype == dtype and got.shape == (1, n)
+        torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
+    with pytest.raises(RuntimeError, match="x \\[1, k\\]"):
+        kernel.gemv(torch.randn(2, 64, dtype=dtype), torch.randn(8, 64, dtype=dtype))
+
+
+@needs_cpp
+@needs_bf16_packing
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_row_layers_match_their_packed_and_plain_twins(bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96, bias=bias).to(torch.bfloat16)
+    packed, keeping = PackedLinear(linear), PackedLinear(linear, keep_weight=True)
+    one_row = copy.deepcopy(linear)
+    one_row.__class__ = OneRowLinear
+    for shape in [(1, 64), (1, 1, 64), (5, 64), (2, 3, 64)]:  # one row (the kernel), then more rows
+        x = torch.randn(shape, dtype=torch.bfloat16)
+        for layer in (keeping, one_row):
+            torch.testing.assert_close(layer(x), packed(x), rtol=1.6e-2, atol=1e-2)
+    f = torch.compile(one_row, dynamic=True, fullgraph=True)  # the operator traces, one row and many
+    with torch.inference_mode():
+        for shape in [(1, 64), (4, 64), (6, 64)]:
+            x = torch.randn(shape, dtype=torch.bfloat16)
+            torch.testing.assert_close(f(x), linear(x), rtol=1.6e-2, atol=1e-2)
+
+
+@needs_cpp
+@needs_bf16_packing
+def test_pack_linears_in_bfloat16_keeps_plain_weights_for_one_row():
+    model = use_fast_path(tiny()).to(torch.bfloat16)
+    kept = gemv_kernel().bf16_dot_product  # only with AVX512-BF16 does the kernel beat oneDNN's
+    traced = pack_linears(copy.deepcopy(model), opaque=False)  # for torch.compile: plain weights
+    assert type(traced.lm_head) is torch.nn.Linear
+    assert isinstance(traced.layers[0].mlp.down_proj, OneRowLinear) == kept
+    packed = pack_linears(copy.deepcopy(model))
+    assert isinstance(packed.lm_head, PackedLinear) and (packed.lm_head.weight is not None) == kept
+    ids = torch.randint(0, 97, (1, 1))  # one token: every layer takes the one-row kernel
+    torch.testing.assert_close(packed(ids), model(ids), rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(traced(ids), model(ids), rtol=1.6e-2, atol=1e-2)
