@@ -15,6 +15,7 @@ from course_lib.attention.paged import (
     store_kvcache,
 )
 from course_lib.config import ModelConfig
+from course_lib.cpp_build import toolchain_available
 from course_lib.engine.llm_engine import EngineConfig, LLMEngine
 from course_lib.engine.compiled_decode import decode_attention, decode_step
 from course_lib.fast_path import use_fast_path
@@ -22,7 +23,7 @@ from course_lib.model import Transformer
 from course_lib.sampling import SamplingParams
 
 
-needs_cpp = pytest.mark.skipif(not cpu_paged.toolchain_available(), reason="no C++ compiler or ninja here")
+needs_cpp = pytest.mark.skipif(not toolchain_available(), reason="no C++ compiler or ninja here")
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2)])

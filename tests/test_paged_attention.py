@@ -18,12 +18,13 @@ from course_lib.attention.paged import (
     paged_decode_attention,
 )
 from course_lib.config import ModelConfig
+from course_lib.cpp_build import toolchain_available
 from course_lib.model import Transformer
 
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 8  # GQA: 3 query heads per KV head
 
 
-needs_cpp = pytest.mark.skipif(not cpu_paged.toolchain_available(), reason="no C++ compiler or ninja here")
+needs_cpp = pytest.mark.skipif(not toolchain_available(), reason="no C++ compiler or ninja here")
 
 
 def tiny_config(**kw) -> ModelConfig:

@@ -3,8 +3,8 @@
 The PyTorch reference, `paged.paged_decode_attention`, gathers every sequence's blocks into one
 padded tensor and runs a masked SDPA: it writes the whole context of the batch once more and then
 reads it back, padding included. This kernel reads each sequence's K/V once, in place, through its
-block table. Measured with torch 2.13 on a 2-core Xeon, bfloat16, the default model's heads, per
-layer: see `benchmarks/compare.py` and the note of issue 12 for the step-level effect.
+block table. Its figures per call are at the top of the source; `benchmarks/compare.py` measures the
+effect on whole steps.
 
 The source is compiled on first use (`course_lib.cpp_build`: needs a C++ compiler and ninja; ~30-60 s
 once, then cached by PyTorch). Where it cannot be built, `available()` is False, says why once, and
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..cpp_build import load_cpu_extension, toolchain_available  # noqa: F401 (the tests ask it)
+from ..cpp_build import load_cpu_extension
 
 SOURCE = Path(__file__).with_name("paged_decode_cpu.cpp")
 

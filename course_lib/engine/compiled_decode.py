@@ -4,7 +4,9 @@ Eager PyTorch pays Python and dispatch time for each of the ~40 small ops of a l
 that is ~10 ms of a ~35 ms float32 decode step of the default model, whose matmuls alone take ~20 ms.
 Inductor turns the whole step (30 layers, attention included) into generated C++: elementwise ops
 fused into loops, no Python between ops (`cpp_wrapper`), and for bfloat16 the weights prepacked
-for oneDNN (`freezing`, which uses AMX where the CPU has it).
+for oneDNN (`freezing`, which uses AMX where the CPU has it). With `fast_path`, the layers choose
+their own kernels (`fast_path.pack_linears(opaque=False)`): the one-sequence graph of a bfloat16
+model calls the C++ one-row kernel (`OneRowLinear`), a float32 graph computes W @ x^T (`FewRowsLinear`).
 
     step(input_ids [n], positions [n], block_tables [n, blocks], cached_lens [n])
         -> logits [n, vocab], new_k and new_v [layers, n, kv_heads, head_dim]
@@ -109,8 +111,7 @@ class CompiledDecodeStep:
         options = {}
         if model.device.type == "cpu":
             # freezing prepacks the weights for oneDNN: it pays in bfloat16 (AMX); in float32 it was
-            # measured level (batch 1: 26.9 vs 26.2 ms a step; 16 sequences: 193 vs 187 tok/s), and the
-            # float32 layers are `FewRowsLinear`s, which the graph computes as W @ x^T (see fast_path).
+            # measured level (batch 1: 26.9 vs 26.2 ms a step; 16 sequences: 193 vs 187 tok/s).
             options = {"cpp_wrapper": True, "freezing": model.dtype != torch.float32}
         self._step = torch.compile(functools.partial(decode_step, model, kv_cache, use_cpp=self.use_cpp),
                                    dynamic=True, options=options)

@@ -90,7 +90,7 @@ class LLM:
             from ..quant import quantize_model
 
             quantize_model(self.model, quantization, group_size=group_size)
-        if fast_path:  # last: on the CPU, oneDNN-packed weights (bf16) or FewRowsLinear (f32)
+        if fast_path:  # last: on the CPU each linear layer gets kernels fit for its dtype and rows
             from ..fast_path import pack_linears
 
             pack_linears(self.model, opaque=not engine_config.compile_decode)  # Inductor packs its own (freezing)
