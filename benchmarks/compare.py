@@ -16,7 +16,9 @@ Engine variants (`--engines`): "engine" (the reference model), "engine fast" (`f
 Peers: `transformers` `generate` in float32 and bfloat16 on the same device; llama.cpp through
 `llama-cpp-python` on the very same Q4_1 GGUF file, when installed (`make bench-peers`). INT8 and INT4
 rows keep everything that is not a quantized linear layer in bfloat16.
-Times are medians of `--repeats` runs after a warm-up. Each ratio is engine / peer (higher is better).
+All systems of one precision are loaded at once and take turns: each round runs every one of them once
+(`rounds`), so a machine whose speed drifts slows them alike. Figures are medians of the rounds after a
+warm-up round (`Workload.repeats`; one for the batches). Each ratio is engine / peer (higher is better).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from course_lib import LLM, SamplingParams
 from course_lib.chapter import processor_name, quiet_libraries
 from course_lib.loading import default_gguf_path, load_reference_model
 from course_lib.profiling import step_bytes, step_flops
-from course_lib.profiling.roofline import Ceilings, measure_bandwidth, measure_matmul_flops
+from course_lib.profiling.roofline import Ceilings, measure_bandwidth, measure_matmul_flops, weights_read
 from course_lib.profiling.loadtest import synthetic_prompt_ids
 from course_lib.profiling.memory import weight_bytes
 
@@ -62,16 +64,6 @@ class Workload:
     uniform_output: int = 64
     repeats: int = 3
     output_kinds: tuple[str, ...] = ("uniform", "long-tailed")
-
-
-def median_time(fn, repeats: int) -> tuple[float, list[float]]:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), times
 
 
 def output_lengths(n: int, kind: str, uniform: int, seed: int = 0) -> list[int]:
@@ -156,9 +148,10 @@ class LlamaCppSystem:
     llama.cpp issue #20824). TTFT runs without them, the prompt in one batch of up to 512 tokens.
     """
 
-    name = "llama.cpp"
+    name, precision = "llama.cpp", "Q4_1"
 
     def __init__(self, threads: int):
+        self.weight_bytes = default_gguf_path().stat().st_size
         self.llm = _llama(threads, n_batch=1, extra_buffers=True)  # decode
         self.prefill_llm = _llama(threads, n_batch=512, extra_buffers=False)  # TTFT
         eos = self.llm.token_eos()
@@ -210,33 +203,65 @@ def _banned(scores: np.ndarray, token: int) -> np.ndarray:
     return scores
 
 
-def measure_system(system, precision: str, work: Workload, tok, config, ceilings, wbytes: int) -> list[Result]:
+def rounds(systems: list, measure, repeats: int) -> dict[str, list[float]]:
+    """`measure(system)` for every system in turn, `repeats` rounds after one warm-up round.
+
+    The systems alternate within each round (in an order that rotates from round to round), so a
+    machine whose speed drifts by the minute slows them alike and their ratio holds; one system
+    after another, ratios of the same code drifted by 1.5x on a noisy 2-core machine.
+    """
+    values: dict[str, list[float]] = {s.name: [] for s in systems}
+    for r in range(repeats + 1):
+        for s in systems[r % len(systems):] + systems[:r % len(systems)]:
+            value = measure(s)
+            if r:
+                values[s.name].append(value)
+    return values
+
+
+def timed(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def measure_systems(systems: list, precision: str, work: Workload, tok, config, ceilings: Ceilings,
+                    wbytes: int) -> list[Result]:
+    """Every metric of `work` for every system, the systems taking turns (`rounds`).
+
+    A system may carry its own `precision` label and `weight_bytes` (llama.cpp: its Q4_1 file);
+    the others are `precision` with `wbytes` of weights."""
     results = []
+    label = {s.name: getattr(s, "precision", precision) for s in systems}
     short = synthetic_prompt_ids(tok, 32, tag=1)
     n = work.decode_tokens
-    rates = [(n - 1) / system.decode(short, n) for _ in range(work.repeats + 1)][1:]  # first one warms up
-    rate = statistics.median(rates)
     ctx = len(short) + n // 2  # the average context of the decode steps
-    moved = sum(step_bytes(config, context_len=ctx, dtype=_float_dtype(precision), weight_bytes=wbytes).values())
-    results.append(Result(system.name, precision, "decode_tok_s", rate, "tok/s", {
-        "GB/s": rate * moved / 1e9, "of_bandwidth": rate * moved / ceilings.bandwidth,
-        "spread": [min(rates), max(rates)]}))
+    for name, rates in rounds(systems, lambda s: (n - 1) / s.decode(short, n), work.repeats).items():
+        rate = statistics.median(rates)
+        weights = next(getattr(s, "weight_bytes", wbytes) for s in systems if s.name == name)
+        moved = sum(step_bytes(config, context_len=ctx, dtype=_float_dtype(precision), weight_bytes=weights).values())
+        results.append(Result(name, label[name], "decode_tok_s", rate, "tok/s", {
+            "GB/s": rate * moved / 1e9, "of_bandwidth": rate * moved / ceilings.bandwidth,
+            "spread": [min(rates), max(rates)]}))
 
     long = synthetic_prompt_ids(tok, work.prompt_tokens, tag=2)
-    sec, times = median_time(lambda: system.ttft(long), work.repeats)
     flops = sum(step_flops(config, new_tokens=work.prompt_tokens, logits_tokens=1).values())
-    results.append(Result(system.name, precision, f"ttft_{work.prompt_tokens}_s", sec, "s", {
-        "TFLOP/s": flops / sec / 1e12, "of_peak": flops / sec / ceilings.peak_flops,
-        "spread": [min(times), max(times)]}))
+    for name, times in rounds(systems, lambda s: timed(s.ttft, long), work.repeats).items():
+        sec = statistics.median(times)
+        results.append(Result(name, label[name], f"ttft_{work.prompt_tokens}_s", sec, "s", {
+            "TFLOP/s": flops / sec / 1e12, "of_peak": flops / sec / ceilings.peak_flops,
+            "spread": [min(times), max(times)]}))
 
-    if hasattr(system, "batch"):
-        for c in work.concurrency:
-            prompts = [synthetic_prompt_ids(tok, 48 + (i * 37) % 80, tag=100 + i) for i in range(c)]
-            for kind in work.output_kinds:
-                lengths = output_lengths(c, kind, work.uniform_output)
-                sec, times = median_time(lambda: system.batch(prompts, lengths), max(1, work.repeats - 2))
-                results.append(Result(system.name, precision, f"throughput_{c}_{kind}", sum(lengths) / sec,
-                                      "tok/s", {"seconds": sec, "output_tokens": sum(lengths)}))
+    batching = [s for s in systems if hasattr(s, "batch")]
+    for c in work.concurrency if batching else ():
+        prompts = [synthetic_prompt_ids(tok, 48 + (i * 37) % 80, tag=100 + i) for i in range(c)]
+        for kind in work.output_kinds:
+            lengths = output_lengths(c, kind, work.uniform_output)
+            measured = rounds(batching, lambda s: timed(s.batch, prompts, lengths), max(1, work.repeats - 2))
+            for name, times in measured.items():
+                sec = statistics.median(times)
+                results.append(Result(name, label[name], f"throughput_{c}_{kind}", sum(lengths) / sec, "tok/s",
+                                      {"seconds": sec, "output_tokens": sum(lengths), "spread": [min(times), max(times)]}))
     return results
 
 
@@ -318,37 +343,35 @@ def main() -> None:
             print(f"ceilings {c.dtype}: {c.peak_flops / 1e9:.0f} GFLOP/s matmul, {c.bandwidth / 1e9:.1f} GB/s copy")
         return ceilings[fdtype]
 
-    for precision in precisions:
+    peer = importlib.util.find_spec("llama_cpp") is not None and device.type == "cpu"
+    if not peer:
+        print("llama.cpp: not installed (make bench-peers), left out")
+    for precision in precisions:  # every system of one precision loaded at once, measured taking turns
         fdtype = _float_dtype(precision)
         quant = precision if precision in ("int8", "int4") else None
+        systems = []
         for variant in args.engines.split(","):
             if variant not in ENGINES:
                 raise SystemExit(f"unknown engine variant {variant!r}; choose from {ENGINES}")
             engine = EngineSystem.load(device, fdtype, quant, fast_path=variant != "engine",
                                        compile_decode=variant == "engine compiled")
             tok, config = engine.llm.tokenizer, engine.model.config
-            wbytes = weight_bytes(engine.model)
+            wbytes = weights_read(engine.model)  # what a decode step reads (not a packed lm_head's tied twin)
             compiled = f", compiled in {engine.compile_seconds:.0f} s" if engine.compile_seconds else ""
-            print(f"{engine.name} {precision}: weights {wbytes / 1e6:.0f} MB{compiled} ...", flush=True)
-            measured = measure_system(engine, precision, work, tok, config, ceilings_for(fdtype), wbytes)
-            for r in measured:
-                r.extra["compile_seconds"] = engine.compile_seconds
-            results += measured
-            del engine
-            gc.collect()
+            print(f"{engine.name} {precision}: weights {weight_bytes(engine.model) / 1e6:.0f} MB held, "
+                  f"{wbytes / 1e6:.0f} MB read a step{compiled}", flush=True)
+            systems.append(engine)
         if quant is None and not args.no_transformers:
-            print(f"transformers {precision} ...", flush=True)
-            hf = TransformersSystem.load(device, fdtype)
-            results += measure_system(hf, precision, work, tok, config, ceilings_for(fdtype), wbytes)
-            del hf
-            gc.collect()
-    if importlib.util.find_spec("llama_cpp") is not None and device.type == "cpu":
-        print("llama.cpp Q4_1 ...", flush=True)
-        peer = LlamaCppSystem(torch.get_num_threads())
-        q4_bytes = default_gguf_path().stat().st_size
-        results += measure_system(peer, "Q4_1", work, tok, config, ceilings_for(torch.float32), q4_bytes)
-    else:
-        print("llama.cpp: not installed (make bench-peers), left out")
+            systems.append(TransformersSystem.load(device, fdtype))
+        if precision == "int4" and peer:
+            systems.append(LlamaCppSystem(torch.get_num_threads()))  # the same Q4_1 weights, as llama.cpp runs them
+        print(f"{precision}: measuring {', '.join(s.name for s in systems)}, taking turns ...", flush=True)
+        measured = measure_systems(systems, precision, work, tok, config, ceilings_for(fdtype), wbytes)
+        for r in measured:
+            r.extra["compile_seconds"] = next(getattr(s, "compile_seconds", 0.0) for s in systems if s.name == r.system)
+        results += measured
+        del systems, engine
+        gc.collect()
 
     print()
     print_table(results)

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from benchmarks.compare import EngineSystem, TransformersSystem, Workload, measure_system
+from benchmarks.compare import EngineSystem, TransformersSystem, Workload, measure_systems
 from course_lib import LLM, SamplingParams, load_tokenizer
 from course_lib.chapter import processor_name, quiet_libraries
 from course_lib.config import ModelConfig
@@ -204,10 +204,10 @@ def measure_speed(report: Report, shape: str, hf, model, tokenizer, dtype: torch
     llm = LLM.from_model(model, tokenizer, fast_path=True, enable_prefix_caching=False,
                          max_num_seqs=max(work.concurrency), kv_cache_memory=config.kv_bytes_per_token(dtype) * tokens)
     wbytes = weight_bytes(llm.model)
-    for system in (EngineSystem(llm, "engine"), TransformersSystem(hf)):
-        print(f"  {system.name} {shape} {precision} ...", flush=True)
-        for r in measure_system(system, precision, work, tokenizer, config, ceilings, wbytes):
-            report.speed.append({"shape": shape, **asdict(r)})
+    print(f"  engine and transformers, {shape} {precision}, taking turns ...", flush=True)
+    systems = [EngineSystem(llm, "engine"), TransformersSystem(hf)]
+    for r in measure_systems(systems, precision, work, tokenizer, config, ceilings, wbytes):
+        report.speed.append({"shape": shape, **asdict(r)})
     del llm
 
 
