@@ -9,11 +9,14 @@ import torch
 from course_lib import LLM, SamplingParams
 from course_lib.config import ModelConfig
 from course_lib.cpp_build import load_cpu_extension, toolchain_available
-from course_lib.fast_path import (GEMV_SOURCE, FewRowsLinear, FusedAttention, FusedMLP, OneRowLinear, PackedLinear,
-                                  can_pack, gemv_kernel, pack_linears, use_fast_path)
+from course_lib import fast_path
+from course_lib.fast_path import (GEMV_SOURCE, SGEMM_SOURCE, FewRowsLinear, FusedAttention, FusedMLP, OneRowLinear,
+                                  PackedLinear, SgemmPackedLinear, can_pack, gemv_kernel, pack_linears, sgemm_kernel,
+                                  use_fast_path)
 from course_lib.kv_cache import KVCache
 from course_lib.model import Transformer
 from course_lib.profiling.memory import weight_bytes
+from course_lib.profiling.roofline import weights_read
 
 needs_bf16_packing = pytest.mark.skipif(not can_pack("cpu", torch.bfloat16),
                                         reason="this CPU's oneDNN has no bfloat16 kernels")
@@ -98,7 +101,8 @@ def test_few_rows_linear_matches_linear(bias):
         torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)  # float32 rounding, another order
 
 
-def test_float32_layers_become_few_rows_linear_sharing_their_weights():
+def test_float32_layers_become_few_rows_linear_sharing_their_weights(monkeypatch):
+    monkeypatch.setattr(fast_path, "sgemm_kernel", lambda: None)  # where MKL's packed GEMM does not build
     model = use_fast_path(tiny()).float()
     weights = {name: m.weight for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     ids = torch.randint(0, 97, (1, 20))  # 20 rows: the W @ x^T branch
@@ -110,10 +114,63 @@ def test_float32_layers_become_few_rows_linear_sharing_their_weights():
     torch.testing.assert_close(model(ids), want, rtol=1e-5, atol=1e-5)
 
 
+def needs_sgemm():
+    """Skip where this torch has no MKL; fail where it has and the packed GEMM does not build."""
+    if not (toolchain_available() and torch.backends.mkl.is_available()):
+        pytest.skip("no C++ toolchain or no MKL in this torch: float32 keeps FewRowsLinear")
+    assert load_cpu_extension("sgemm_packed", SGEMM_SOURCE) is not None
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_sgemm_packed_linear_matches_linear(bias):
+    needs_sgemm()
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96, bias=bias)
+    packed = SgemmPackedLinear(linear)
+    assert weight_bytes(packed) == weight_bytes(linear)  # counted at the weight's size, not MKL's reservation
+    for shape in [(1, 64), (3, 64), (1, 16, 64), (2, 40, 64), (0, 64), (300, 64)]:  # one packing serves any rows
+        x = torch.randn(shape)
+        got = packed(x)
+        assert got.shape == linear(x).shape and got.is_contiguous()
+        torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)
+    f = torch.compile(packed, dynamic=True, fullgraph=True)  # the operator course_lib::sgemm_linear traces
+    with torch.inference_mode():
+        for shape in [(1, 64), (5, 64), (7, 64)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(f(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_float32_layers_become_sgemm_packed_the_lm_head_included():
+    needs_sgemm()
+    model = use_fast_path(tiny()).float()
+    ids = torch.randint(0, 97, (1, 20))
+    want, size = model(ids), weight_bytes(model)
+    pack_linears(model)
+    layers = [m for m in model.modules() if isinstance(m, SgemmPackedLinear)]
+    assert len(layers) == 4 * 3 + 1 and isinstance(model.lm_head, SgemmPackedLinear)
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert weight_bytes(model) == size  # the packed weights replace the plain ones (this lm_head is untied)
+    torch.testing.assert_close(model(ids), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model(ids[:, :1]), want[:, :1], rtol=1e-5, atol=1e-5)
+
+
+def test_a_packed_tied_lm_head_holds_a_copy_and_a_step_reads_one_table():
+    needs_sgemm()
+    model = use_fast_path(tiny()).float()
+    model.lm_head.weight = model.embed_tokens.weight  # tied, as SmolLM2's
+    table = model.embed_tokens.weight.numel() * 4
+    held, read = weight_bytes(model), weights_read(model)
+    assert read == held  # the head multiplies by the table itself
+    pack_linears(model)
+    assert weight_bytes(model) == held + table  # the packed head is a copy; the embedding keeps the table
+    assert weights_read(model) == read  # a step reads the copy and gathers rows of the table
+
+
 def test_float32_engine_batch_of_few_rows_keeps_greedy_tokens(llm):
     fast = LLM(device="cpu", fast_path=True)
-    assert isinstance(fast.model.layers[0].mlp.down_proj, FewRowsLinear)
-    prompts = [f"Count from {i}: {i}," for i in range(10)]  # 10 decode rows a step: the W @ x^T branch
+    kind = SgemmPackedLinear if sgemm_kernel() is not None else FewRowsLinear
+    assert isinstance(fast.model.layers[0].mlp.down_proj, kind)
+    prompts = [f"Count from {i}: {i}," for i in range(10)]  # 10 decode rows a step
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert [o.outputs[0].token_ids for o in fast.generate(prompts, params)] == want
@@ -200,8 +257,8 @@ def test_pack_linears_in_bfloat16_keeps_plain_weights_for_one_row():
     model = use_fast_path(tiny()).to(torch.bfloat16)
     kept = gemv_kernel() is not None  # only with AVX512-BF16 does the kernel beat oneDNN's
     traced = pack_linears(copy.deepcopy(model), opaque=False)  # for torch.compile: plain weights
-    assert type(traced.lm_head) is torch.nn.Linear
-    assert isinstance(traced.layers[0].mlp.down_proj, OneRowLinear) == kept
+    for layer in (traced.lm_head, traced.layers[0].mlp.down_proj):
+        assert isinstance(layer, OneRowLinear) == kept
     packed = pack_linears(copy.deepcopy(model))
     assert isinstance(packed.lm_head, PackedLinear) and (packed.lm_head.weight is not None) == kept
     ids = torch.randint(0, 97, (1, 1))  # one token: every layer takes the one-row kernel

@@ -6,7 +6,7 @@ Inductor turns the whole step (30 layers, attention included) into generated C++
 fused into loops, no Python between ops (`cpp_wrapper`), and for bfloat16 the weights prepacked
 for oneDNN (`freezing`, which uses AMX where the CPU has it). With `fast_path`, the layers choose
 their own kernels (`fast_path.pack_linears(opaque=False)`): the one-sequence graph of a bfloat16
-model calls the C++ one-row kernel (`OneRowLinear`), a float32 graph computes W @ x^T (`FewRowsLinear`).
+model calls the C++ one-row kernel (`OneRowLinear`), a float32 graph MKL's packed GEMM (`SgemmPackedLinear`).
 
     step(input_ids [n], positions [n], block_tables [n, blocks], cached_lens [n])
         -> logits [n, vocab], new_k and new_v [layers, n, kv_heads, head_dim]

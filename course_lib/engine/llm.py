@@ -49,7 +49,7 @@ class LLM:
     by 128 was measured to raise its perplexity 1.5-2.4x (benchmarks/quantization.py).
 
     `fast_path=True` runs the fused twin of the model (`course_lib.fast_path`: one matmul for q/k/v,
-    one for gate/up, fused RMSNorm; in bfloat16 on the CPU, weights packed for oneDNN) and, on the
+    one for gate/up, fused RMSNorm; on the CPU, weights packed for oneDNN (bfloat16) or MKL (float32)) and, on the
     CPU, decode attention through the C++ kernel (engine option `cpp_decode_attention`). The
     reference model, whose modules the early chapters read by name, is the default.
 

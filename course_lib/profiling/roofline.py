@@ -159,9 +159,11 @@ def measure_decode(model: torch.nn.Module, context_len: int = 512, batch: int = 
 
 
 def weights_read(model: torch.nn.Module) -> int:
-    """Bytes of weights a step reads: all of them, less an untied input embedding table (only rows are gathered)."""
+    """Bytes of weights a step reads: all of them, less the input embedding table (only rows are gathered)
+    unless the lm_head multiplies by that very table (tied, not packed into a copy of its own)."""
     total = weight_bytes(model)
     emb = model.embed_tokens.weight
-    if not model.config.tie_word_embeddings:
+    head = model.lm_head
+    if not (isinstance(head, torch.nn.Linear) and head.weight is emb):
         total -= emb.numel() * emb.element_size()
     return total
