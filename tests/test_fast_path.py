@@ -264,3 +264,7 @@ def test_pack_linears_in_bfloat16_keeps_plain_weights_for_one_row():
     ids = torch.randint(0, 97, (1, 1))  # one token: every layer takes the one-row kernel
     torch.testing.assert_close(packed(ids), model(ids), rtol=1.6e-2, atol=1e-2)
     torch.testing.assert_close(traced(ids), model(ids), rtol=1.6e-2, atol=1e-2)
+    # held twice where kept, read once: a step reads what the unpacked model reads (its table is untied)
+    linear = sum(m.weight.numel() * 2 for m in model.modules() if isinstance(m, torch.nn.Linear))  # bf16 bytes
+    assert weight_bytes(packed) == weight_bytes(model) + kept * linear
+    assert weights_read(packed) == weights_read(model)

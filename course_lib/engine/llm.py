@@ -57,7 +57,7 @@ class LLM:
     GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len,
     cpp_decode_attention, and
     compile_decode: `torch.compile` the decode step when the engine starts (`course_lib.engine.compiled_decode`;
-    1-5 minutes on a 2-core CPU, reported in `llm.engine.stats.compile_seconds`; vLLM compiles by default
+    1-7 minutes on a 2-core CPU, reported in `llm.engine.stats.compile_seconds`; vLLM compiles by default
     and turns it off with `enforce_eager=True`). Use it with `fast_path=True`, for benchmarks and serving.
     """
 
