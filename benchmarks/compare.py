@@ -232,13 +232,14 @@ def measure_systems(systems: list, precision: str, work: Workload, tok, config, 
     A system may carry its own `precision` label and `weight_bytes` (llama.cpp: its Q4_1 file);
     the others are `precision` with `wbytes` of weights."""
     results = []
+    by_name = {s.name: s for s in systems}
     label = {s.name: getattr(s, "precision", precision) for s in systems}
     short = synthetic_prompt_ids(tok, 32, tag=1)
     n = work.decode_tokens
     ctx = len(short) + n // 2  # the average context of the decode steps
     for name, rates in rounds(systems, lambda s: (n - 1) / s.decode(short, n), work.repeats).items():
         rate = statistics.median(rates)
-        weights = next(getattr(s, "weight_bytes", wbytes) for s in systems if s.name == name)
+        weights = getattr(by_name[name], "weight_bytes", wbytes)
         moved = sum(step_bytes(config, context_len=ctx, dtype=_float_dtype(precision), weight_bytes=weights).values())
         results.append(Result(name, label[name], "decode_tok_s", rate, "tok/s", {
             "GB/s": rate * moved / 1e9, "of_bandwidth": rate * moved / ceilings.bandwidth,
@@ -260,8 +261,8 @@ def measure_systems(systems: list, precision: str, work: Workload, tok, config, 
             measured = rounds(batching, lambda s: timed(s.batch, prompts, lengths), max(1, work.repeats - 2))
             for name, times in measured.items():
                 sec = statistics.median(times)
-                results.append(Result(name, label[name], f"throughput_{c}_{kind}", sum(lengths) / sec, "tok/s",
-                                      {"seconds": sec, "output_tokens": sum(lengths), "spread": [min(times), max(times)]}))
+                results.append(Result(name, label[name], f"throughput_{c}_{kind}", sum(lengths) / sec, "tok/s", {
+                    "seconds": sec, "output_tokens": sum(lengths), "spread": [min(times), max(times)]}))
     return results
 
 
@@ -367,10 +368,11 @@ def main() -> None:
             systems.append(LlamaCppSystem(torch.get_num_threads()))  # the same Q4_1 weights, as llama.cpp runs them
         print(f"{precision}: measuring {', '.join(s.name for s in systems)}, taking turns ...", flush=True)
         measured = measure_systems(systems, precision, work, tok, config, ceilings_for(fdtype), wbytes)
+        by_name = {s.name: s for s in systems}
         for r in measured:
-            r.extra["compile_seconds"] = next(getattr(s, "compile_seconds", 0.0) for s in systems if s.name == r.system)
+            r.extra["compile_seconds"] = getattr(by_name[r.system], "compile_seconds", 0.0)
         results += measured
-        del systems, engine
+        del systems, engine, by_name
         gc.collect()
 
     print()

@@ -134,11 +134,13 @@ def _(x, packed, out_features):
 
 
 class SgemmPackedLinear(nn.Module):
-    """A float32 `nn.Linear` whose weight MKL has packed once (`cblas_sgemm_pack`), for eager CPU steps.
+    """A float32 `nn.Linear` whose weight MKL has packed once (`cblas_sgemm_pack`), for CPU steps: called
+    directly in eager steps, as the operator `course_lib::sgemm_linear` in a compiled graph.
 
-    The same product as `F.linear` (within float32 rounding, ~1e-6), without F.linear's re-layout of the weight inside every call: all linear layers of the default
-    model, 16 rows 74 -> 43 ms, 64 rows 109 -> 78 ms (more in `sgemm_packed_cpu.cpp`). The packed weight
-    replaces the plain one, as in `PackedLinear`: opaque, not saved, not movable; pack last.
+    The same product as `F.linear` (within float32 rounding, ~1e-6), without F.linear's re-layout of the
+    weight inside every call: all linear layers of the default model, 16 rows 74 -> 43 ms, 64 rows
+    109 -> 78 ms (more in `sgemm_packed_cpu.cpp`). The packed weight replaces the plain one, as in
+    `PackedLinear`: opaque, not saved, not movable; pack last.
     """
 
     def __init__(self, linear: nn.Linear):
@@ -211,16 +213,17 @@ def pack_linears(model: Transformer, opaque: bool = True) -> Transformer:
     (its one row through the kernel: 3.3 against 5.7 ms for W @ x^T over the default model's 49k rows).
     float32: each layer becomes a `SgemmPackedLinear` where MKL's packed GEMM builds, `opaque` or not
     (a graph calls it as an operator), the lm_head included (a tied one gets its own packed copy, 113 MB
-    for the default model; 64 rows 38 -> 22 ms against `project_to_vocab`'s W @ x^T). Elsewhere each
-    layer but the lm_head (which `project_to_vocab` computes as W @ x^T) becomes a `FewRowsLinear`.
-    Elsewhere, and for quantized layers, nothing changes.
+    for the default model; 64 rows 38 -> 22 ms against `project_to_vocab`'s W @ x^T). Where it does not
+    build, each layer but the lm_head (which `project_to_vocab` computes as W @ x^T) becomes a
+    `FewRowsLinear`. Other dtypes and devices, and quantized layers, are left as they are.
     """
     if model.device.type != "cpu":
         return model
     plain = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
     if model.dtype == torch.float32:
+        packed = sgemm_kernel() is not None
         for name, module in plain:
-            if sgemm_kernel() is not None:
+            if packed:
                 model.set_submodule(name, SgemmPackedLinear(module))
             elif module is not model.lm_head:
                 module.__class__ = FewRowsLinear
