@@ -24,24 +24,41 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import fused_ops
+from .attention import causal_attention
 from .cpp_build import load_cpu_extension
-from .model import MLP, Attention, RMSNorm, Transformer
+from .model import MLP, Attention, Block, RMSNorm, Transformer
 
 
 class FusedRMSNorm(RMSNorm):
-    """RMSNorm with `F.rms_norm` (one kernel), still in float32 as Llama does."""
+    """RMSNorm in one pass (`fused_ops.rms_norm`: C++ in eager CPU steps, else `F.rms_norm`), in float32."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return fused_ops.rms_norm(x, self.weight, self.eps)
 
 
 class FusedAttention(Attention):
-    """Attention whose q, k and v come from one matmul with the three weights stacked: [q + 2 kv, hidden]."""
+    """Attention whose q, k and v come from one matmul with the three weights stacked: [q + 2 kv, hidden].
+
+    In eager CPU steps RoPE rotates q and k in place in that matmul's output, in one pass (`fused_ops`)."""
+
+    def forward(self, x, cos, sin, kv=None) -> torch.Tensor:
+        if fused_ops.cpp_kernel(x) is None:
+            return super().forward(x, cos, sin, kv)  # project_qkv, then model.apply_rope
+        B, T, _ = x.shape
+        qkv = fused_ops.rope_qk_(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
+        q, k, v = self.split_qkv(qkv)
+        out = causal_attention(q, k, v) if kv is None else kv.attend(self.layer_idx, q, k, v)
+        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        B, T, _ = x.shape
+        return self.split_qkv(self.qkv_proj(x))
+
+    def split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv [batch, seq, q + 2 kv] -> views q [batch, seq, heads, head_dim], k and v [.., kv_heads, ..]."""
+        B, T, _ = qkv.shape
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         return (q.view(B, T, self.num_heads, self.head_dim), k.view(B, T, self.num_kv_heads, self.head_dim),
                 v.view(B, T, self.num_kv_heads, self.head_dim))
 
@@ -50,8 +67,16 @@ class FusedMLP(MLP):
     """SwiGLU whose gate and up projections are one matmul: [2 * intermediate, hidden]."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(fused_ops.silu_mul(self.gate_up_proj(x)))
+
+
+class FusedBlock(Block):
+    """A block whose residual add and post-attention RMSNorm are one pass (`fused_ops.add_rms_norm`)."""
+
+    def forward(self, x, cos, sin, kv=None) -> torch.Tensor:
+        norm = self.post_attention_layernorm
+        x, h = fused_ops.add_rms_norm(x, self.self_attn(self.input_layernorm(x), cos, sin, kv), norm.weight, norm.eps)
+        return x + self.mlp(h)
 
 
 GEMV_SOURCE = Path(__file__).with_name("gemv_cpu.cpp")
@@ -263,6 +288,8 @@ def use_fast_path(model: Transformer) -> Transformer:
         for norm in (block.input_layernorm, block.post_attention_layernorm):
             if type(norm) is RMSNorm:
                 norm.__class__ = FusedRMSNorm
+        if type(block) is Block:
+            block.__class__ = FusedBlock
     if type(model.norm) is RMSNorm:
         model.norm.__class__ = FusedRMSNorm
     return model
