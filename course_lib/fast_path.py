@@ -1,13 +1,14 @@
 """A faster model for the engine: the same blocks with fewer, larger operations.
 
     model = load_model(...)
-    use_fast_path(model)     # per block: q/k/v -> one qkv_proj, gate/up -> one gate_up_proj, fused RMSNorm
+    use_fast_path(model)     # per block: q/k/v -> one qkv_proj, gate/up -> one gate_up_proj, fused elementwise
     pack_linears(model)      # CPU: weights laid out once for oneDNN (bf16) or MKL (f32)
 
 `course_lib.model` stays the readable reference. Each class here subclasses one of its modules and
-changes only how it computes the same numbers (for attention, only `project_qkv`): one matmul reads
-the weights of three (or two) and writes one output, and the RMSNorm is PyTorch's fused kernel
-instead of six elementwise ops. `tests/test_fast_path.py` checks logits and greedy tokens against the reference model.
+changes only how it computes the same numbers: one matmul reads the weights of three (or two) and
+writes one output, and the elementwise steps (RMSNorm, the residual add before the second norm,
+RoPE, SiLU*up) each take one pass (`course_lib.fused_ops`: C++ in eager CPU steps, PyTorch's
+expression elsewhere). `tests/test_fast_path.py` checks logits and greedy tokens against the reference model.
 The separate projections are removed (not kept as copies), so a fused model holds no extra
 memory; code that reads `q_proj` by name (the early chapters) uses the reference model.
 
