@@ -57,8 +57,7 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     if ext is None or weight.dtype != x.dtype or y.dtype != x.dtype:
         s = x + y
         return s, reference_rms_norm(s, weight, eps)
-    s, out = ext.add_rms_norm(x.contiguous(), y.contiguous(), weight, eps)
-    return s, out
+    return tuple(ext.add_rms_norm(x.contiguous(), y.contiguous(), weight, eps))
 
 
 def rope_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from course_lib import fused_ops
 from course_lib.cpp_build import toolchain_available
-from course_lib.model import apply_rope
+from course_lib.model import RMSNorm, apply_rope
 
 needs_cpp = pytest.mark.skipif(not toolchain_available(), reason="needs a C++ compiler and ninja")
 DTYPES = [torch.float32, torch.bfloat16]
@@ -70,8 +70,13 @@ def test_fallbacks_compute_the_same_expressions(monkeypatch):
     """Where the kernel does not build, each op runs its PyTorch expression."""
     monkeypatch.setattr(fused_ops, "kernel", lambda: None)
     x = torch.randn(2, 5, 64)
-    w = torch.rand(64)
-    assert torch.equal(fused_ops.rms_norm(x, w, 1e-6), fused_ops.reference_rms_norm(x, w, 1e-6))
+    norm = RMSNorm(64, eps=1e-6)  # the readable model's six-op RMSNorm
+    torch.nn.init.uniform_(norm.weight, 0.5, 1.5)
+    with torch.no_grad():
+        torch.testing.assert_close(fused_ops.rms_norm(x, norm.weight, 1e-6), norm(x))
+        s, h = fused_ops.add_rms_norm(x, x, norm.weight, 1e-6)
+        assert torch.equal(s, x + x)
+        torch.testing.assert_close(h, norm(x + x))
     gate_up = torch.randn(3, 8)
     assert torch.equal(fused_ops.silu_mul(gate_up), F.silu(gate_up[:, :4]) * gate_up[:, 4:])
     qkv = torch.randn(1, 5, 4 * 8)
