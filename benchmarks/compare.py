@@ -372,6 +372,8 @@ def main() -> None:
         for r in measured:
             r.extra["compile_seconds"] = getattr(by_name[r.system], "compile_seconds", 0.0)
         results += measured
+        print_table(measured)  # each precision as it finishes: a full run takes ~40 minutes on 2 cores
+        print(flush=True)
         del systems, engine, by_name
         gc.collect()
 
