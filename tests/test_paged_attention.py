@@ -175,6 +175,23 @@ def test_cpp_decode_kernel_matches_torch(case, dtype, atol):
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
 
 
+@needs_cpp
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_cpp_kernel_new_token_equals_storing_it_first(dtype, atol):
+    """k_new/v_new (the compiled step's token, not yet in the cache) on the vector path (head_dim 64), with
+    contexts shorter and longer than the kernel's prefetch distance: the same as storing it, then attending.
+    The cache slot the new token will take holds stale values, which the kernel must not read."""
+    q, k, v, bt, cl = random_decode_case("cpu", dtype, heads=9, kv_heads=3, head_dim=64, context_lens=(5, 70, 33, 1))
+    k_new, v_new = torch.randn(2, len(cl), 3, 64).to(dtype)
+    stored_k, stored_v = k.clone(), v.clone()
+    for i, c in enumerate(cl.tolist()):  # the new token sits at position c - 1
+        stored_k[bt[i, (c - 1) // 4], (c - 1) % 4] = k_new[i]
+        stored_v[bt[i, (c - 1) // 4], (c - 1) % 4] = v_new[i]
+    want = paged_decode_attention(q.double(), stored_k.double(), stored_v.double(), bt, cl)
+    got = cpu_paged.cpu_paged_decode_attention(q, k, v, bt, cl - 1, k_new, v_new)
+    torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
+
+
 def test_cpp_kernel_is_for_the_cpu_only():
     assert not cpu_paged.available("cuda") and not cpu_paged.available("meta")
 

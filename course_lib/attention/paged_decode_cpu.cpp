@@ -158,16 +158,16 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
       for (int64_t i = 0; i < num_heads * HEAD_DIM; ++i) qf[i] = static_cast<float>(q_seq[i]) * scale;  // 1.
       scores.resize(num_heads * ctx);  // [num_heads, ctx]
       std::fill(acc.begin(), acc.end(), 0.0f);
-      fVec x[V];
-      for (int64_t t = 0; t < std::min(ctx, kPrefetchRows); ++t) {  // the first rows: the loop asks for the rest
-        prefetch_row(token_row(k_cache, k_new, t), row_len);
-        prefetch_row(token_row(v_cache, v_new, t), row_len);
-      }
-      for (int64_t t = 0; t < ctx; ++t) {  // 2. scores, token by token: each K row read once, whole, in order
-        if (t + kPrefetchRows < ctx) {  // ask for the K and V rows a few tokens ahead (V is read in step 4)
-          prefetch_row(token_row(k_cache, k_new, t + kPrefetchRows), row_len);
-          prefetch_row(token_row(v_cache, v_new, t + kPrefetchRows), row_len);
+      auto prefetch = [&](int64_t t) {  // token t's K and V rows (V is read in step 4)
+        if (t < ctx) {
+          prefetch_row(token_row(k_cache, k_new, t), row_len);
+          prefetch_row(token_row(v_cache, v_new, t), row_len);
         }
+      };
+      for (int64_t t = 0; t < kPrefetchRows; ++t) prefetch(t);  // the first rows; the loop asks for the rest
+      fVec x[V];
+      for (int64_t t = 0; t < ctx; ++t) {  // 2. scores, token by token: each K row read once, whole, in order
+        prefetch(t + kPrefetchRows);
         const scalar_t* k_row = token_row(k_cache, k_new, t);
         for (int64_t g = 0; g < kv_heads; ++g) {  // KV head g serves query heads g * group .. (g + 1) * group - 1
           load_as_float<scalar_t, HEAD_DIM>(k_row + g * HEAD_DIM, x);
