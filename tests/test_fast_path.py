@@ -10,9 +10,9 @@ from course_lib import LLM, SamplingParams
 from course_lib.config import ModelConfig
 from course_lib.cpp_build import load_cpu_extension, toolchain_available
 from course_lib import fast_path
-from course_lib.fast_path import (GEMV_SOURCE, SGEMM_SOURCE, FewRowsLinear, FusedAttention, FusedMLP, OneRowLinear,
-                                  PackedLinear, SgemmPackedLinear, can_pack, gemv_kernel, pack_linears, sgemm_kernel,
-                                  use_fast_path)
+from course_lib.fast_path import (GEMV_SOURCE, SGEMM_SOURCE, AmxLinear, FewRowsLinear, FusedAttention, FusedMLP,
+                                  OneRowLinear, PackedLinear, SgemmPackedLinear, amx_kernel, can_pack, gemv_kernel,
+                                  pack_linears, sgemm_kernel, use_fast_path)
 from course_lib.kv_cache import KVCache
 from course_lib.model import Transformer
 from course_lib.profiling.memory import weight_bytes
@@ -194,7 +194,7 @@ def test_bfloat16_engine_packs_and_keeps_its_greedy_tokens():
     from course_lib.loading import load_model
 
     fast = LLM(device="cpu", dtype="bfloat16", fast_path=True)
-    assert isinstance(fast.model.lm_head, PackedLinear)
+    assert isinstance(fast.model.lm_head, AmxLinear if amx_kernel() is not None else PackedLinear)
     # the same fused model and decode kernel, only not packed
     unpacked = LLM.from_model(use_fast_path(load_model(device="cpu", dtype=torch.bfloat16)), fast.tokenizer,
                               cpp_decode_attention=fast.engine.model_runner.use_cpp)
