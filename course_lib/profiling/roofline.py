@@ -161,7 +161,8 @@ def measure_decode(model: torch.nn.Module, context_len: int = 512, batch: int = 
 def weights_read(model: torch.nn.Module) -> int:
     """Bytes of weights a step reads: all of them, less the input embedding table (only rows are gathered)
     unless the lm_head multiplies by that very table (tied, not packed into a copy of its own), and less
-    the plain twin of a weight also held packed (`PackedLinear(keep_weight=True)`, `AmxLinear`: a step reads one of them)."""
+    the plain twin of a weight also held packed (`PackedLinear(keep_weight=True)`, `AmxLinear`: a step
+    reads one of them)."""
     total = weight_bytes(model)
     emb = model.embed_tokens.weight
     head = model.lm_head
