@@ -16,6 +16,8 @@ from course_lib.attention.paged import (
     PagedAttentionMetadata,
     PagedKVCache,
     paged_decode_attention,
+    slots_for,
+    store_kvcache,
 )
 from course_lib.config import ModelConfig
 from course_lib.cpp_build import toolchain_available
@@ -184,9 +186,8 @@ def test_cpp_kernel_new_token_equals_storing_it_first(dtype, atol):
     q, k, v, bt, cl = random_decode_case("cpu", dtype, heads=9, kv_heads=3, head_dim=64, context_lens=(5, 70, 33, 1))
     k_new, v_new = torch.randn(2, len(cl), 3, 64).to(dtype)
     stored_k, stored_v = k.clone(), v.clone()
-    for i, c in enumerate(cl.tolist()):  # the new token sits at position c - 1
-        stored_k[bt[i, (c - 1) // 4], (c - 1) % 4] = k_new[i]
-        stored_v[bt[i, (c - 1) // 4], (c - 1) % 4] = v_new[i]
+    slots = [slots_for(table, [c - 1], k.shape[1])[0] for table, c in zip(bt.tolist(), cl.tolist())]  # position c - 1
+    store_kvcache(k_new, v_new, stored_k, stored_v, torch.tensor(slots))
     want = paged_decode_attention(q.double(), stored_k.double(), stored_v.double(), bt, cl)
     got = cpu_paged.cpu_paged_decode_attention(q, k, v, bt, cl - 1, k_new, v_new)
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
