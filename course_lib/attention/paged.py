@@ -257,11 +257,11 @@ class PagedAttention:
             raise ValueError(f"packed row has {q.shape[0]} tokens; metadata describes {md.num_tokens} "
                              f"queries and {slots.shape[0]} slots")
         k_cache, v_cache = self.kv_cache.k_cache[layer_idx], self.kv_cache.v_cache[layer_idx]
-        k, v = k[:slots.shape[0]], v[:slots.shape[0]]  # [num_slots, kv_heads, head_dim]
+        new_k, new_v = k[:slots.shape[0]], v[:slots.shape[0]]  # [num_slots, kv_heads, head_dim]
         if self.skip_slots:
             keep = slots >= 0  # [num_slots]
-            k, v, slots = k[keep], v[keep], slots[keep]
-        store_kvcache(k, v, k_cache, v_cache, slots)
+            new_k, new_v, slots = new_k[keep], new_v[keep], slots[keep]
+        store_kvcache(new_k, new_v, k_cache, v_cache, slots)
 
         out = q.new_zeros(q.shape) if q.shape[0] > md.num_tokens else torch.empty_like(q)
         if self.all_decode:  # a decode-only step: the row is one query per sequence, in order
@@ -275,9 +275,12 @@ class PagedAttention:
         for i in self.prefill_seqs:
             start, end = md.query_start_loc_cpu[i], md.query_start_loc_cpu[i + 1]
             ctx = md.context_lens_cpu[i]
-            blocks = md.block_tables[i:i + 1, :-(-ctx // self.kv_cache.block_size)].long()  # [1, blocks]
-            keys = gather_blocks(k_cache, blocks)[0, :ctx]  # [ctx, kv_heads, head_dim]
-            values = gather_blocks(v_cache, blocks)[0, :ctx]
+            if ctx == end - start:  # the whole context is this step's tokens: its keys are in the row already
+                keys, values = k[start:end], v[start:end]  # [ctx, kv_heads, head_dim]
+            else:  # a later chunk of a prompt (or one after a cached prefix): read the earlier tokens back
+                blocks = md.block_tables[i:i + 1, :-(-ctx // self.kv_cache.block_size)].long()  # [1, blocks]
+                keys = gather_blocks(k_cache, blocks)[0, :ctx]  # [ctx, kv_heads, head_dim]
+                values = gather_blocks(v_cache, blocks)[0, :ctx]
             chunk = causal_attention(q[None, start:end], keys[None], values[None], start=ctx - (end - start))
             out[start:end] = chunk[0]  # [num_queries, heads, head_dim]
         return out.view(shape)
