@@ -74,7 +74,9 @@ def output_lengths(n: int, kind: str, uniform: int, seed: int = 0) -> list[int]:
     return [int(min(max(round(x), 8), 128)) for x in rng.lognormal(math.log(24), 0.8, size=n)]
 
 
-OFFLINE_BATCHED_TOKENS = 4096  # tokens a step may run: vLLM's default for its offline `LLM` on the CPU
+# Tokens a step may run, on any device: vLLM's default for its offline `LLM` on the CPU (on GPUs its default
+# is 8192, 16384 from 70 GB of memory). benchmarks/gpu_check.py builds its engine with the same.
+OFFLINE_BATCHED_TOKENS = 4096
 
 
 class EngineSystem:

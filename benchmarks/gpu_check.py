@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from benchmarks.compare import EngineSystem, TransformersSystem, Workload, measure_systems
+from benchmarks.compare import OFFLINE_BATCHED_TOKENS, EngineSystem, TransformersSystem, Workload, measure_systems
 from course_lib import LLM, SamplingParams, load_tokenizer
 from course_lib.chapter import processor_name, quiet_libraries
 from course_lib.config import ModelConfig
@@ -202,7 +202,8 @@ def measure_speed(report: Report, shape: str, hf, model, tokenizer, dtype: torch
     config = model.config
     tokens = max(work.concurrency) * (128 + 16 + max(work.uniform_output, work.decode_tokens)) + work.prompt_tokens + 64
     llm = LLM.from_model(model, tokenizer, fast_path=True, enable_prefix_caching=False,
-                         max_num_seqs=max(work.concurrency), kv_cache_memory=config.kv_bytes_per_token(dtype) * tokens)
+                         max_num_seqs=max(work.concurrency), max_num_batched_tokens=OFFLINE_BATCHED_TOKENS,
+                         kv_cache_memory=config.kv_bytes_per_token(dtype) * tokens)
     wbytes = weight_bytes(llm.model)
     print(f"  engine and transformers, {shape} {precision}, taking turns ...", flush=True)
     systems = [EngineSystem(llm, "engine"), TransformersSystem(hf)]
