@@ -122,6 +122,10 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed) {
 #endif
 }
 
+// The operator course_lib::amx_linear for compiled graphs, registered in C++ (no Python in the call).
+TORCH_LIBRARY_FRAGMENT(course_lib, m) { m.def("amx_linear(Tensor x, Tensor amx_weight) -> Tensor"); }
+TORCH_LIBRARY_IMPL(course_lib, CPU, m) { m.impl("amx_linear", &linear); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("enable", &enable, "ask Linux for AMX's tile registers; False where this build or CPU has none");
   m.def("pack", &pack, "a bfloat16 weight [N, K] laid out as AMX tiles", py::arg("w"));

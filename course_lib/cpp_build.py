@@ -56,6 +56,15 @@ def load_cpu_extension(name: str, source: Path):
         return None
 
 
+def register_fake(name: str, fake) -> None:
+    """Give the operator `course_lib::<name>`, which a kernel's source defines in C++ (TORCH_LIBRARY), the
+    function that computes its output's shape and dtype without running it: `torch.compile` traces with it.
+    Call it once, right after the source is loaded (its loader is cached)."""
+    import torch
+
+    torch.library.register_fake(f"course_lib::{name}")(fake)
+
+
 @contextlib.contextmanager
 def build_lock(build_dir: Path):
     """Hold an OS file lock on `build_dir` (released when this process ends, however it ends) and, holding

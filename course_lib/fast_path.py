@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from . import fused_ops
 from .attention import causal_attention
-from .cpp_build import load_cpu_extension
+from .cpp_build import load_cpu_extension, register_fake
 from .model import MLP, Attention, Block, RMSNorm, Transformer
 
 
@@ -87,26 +87,18 @@ GEMV_SOURCE = Path(__file__).with_name("gemv_cpu.cpp")
 @functools.cache
 def gemv_kernel():
     """The C++ one-row bfloat16 kernel (`gemv_cpu.cpp`), built on first use; None where it cannot be built
-    or the CPU has no AVX512-BF16 (there it was no faster than oneDNN: 26.1 vs 27.5 ms as portable code)."""
+    or the CPU has no AVX512-BF16 (there it was no faster than oneDNN: 26.1 vs 27.5 ms as portable code).
+    Loading it also defines the operator `course_lib::gemv` ([1, in] -> [1, out]) that compiled graphs call."""
     kernel = load_cpu_extension("gemv_cpu", GEMV_SOURCE)
+    if kernel is not None:
+        register_fake("gemv", lambda x, weight: x.new_empty((1, weight.shape[0])))
     return kernel if kernel is not None and kernel.supported else None
-
-
-@torch.library.custom_op("course_lib::gemv", mutates_args=())
-def gemv_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The C++ one-row kernel as a PyTorch operator, so a compiled graph can call it: [1, in] -> [1, out]."""
-    return gemv_kernel().gemv(x, weight)
-
-
-@gemv_op.register_fake
-def _(x, weight):
-    return x.new_empty((1, weight.shape[0]))
 
 
 def one_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear of one row ([..., in] holding one row) through the C++ kernel. Eager calls it directly;
-    a compiled graph calls the operator (the direct call saves the operator's ~8 us a layer)."""
-    gemv = gemv_op if torch.compiler.is_compiling() else gemv_kernel().gemv
+    a compiled graph calls the operator `course_lib::gemv`, which the kernel's source registers in C++."""
+    gemv = torch.ops.course_lib.gemv if torch.compiler.is_compiling() else gemv_kernel().gemv
     y = gemv(x.reshape(1, -1), weight).view(*x.shape[:-1], weight.shape[0])
     return y if bias is None else y + bias
 
@@ -145,19 +137,14 @@ SGEMM_SOURCE = Path(__file__).with_name("sgemm_packed_cpu.cpp")
 @functools.cache
 def sgemm_kernel():
     """MKL's packed float32 GEMM (`sgemm_packed_cpu.cpp`), built on first use; None where it cannot be built
-    or this torch does not export MKL's functions."""
-    return load_cpu_extension("sgemm_packed", SGEMM_SOURCE) if torch.backends.mkl.is_available() else None
-
-
-@torch.library.custom_op("course_lib::sgemm_linear", mutates_args=())
-def sgemm_linear_op(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """MKL's packed GEMM as a PyTorch operator, so a compiled graph can call it: [m, in] -> [m, out]."""
-    return sgemm_kernel().linear(x, packed, out_features)
-
-
-@sgemm_linear_op.register_fake
-def _(x, packed, out_features):
-    return x.new_empty((x.shape[0], out_features))
+    or this torch does not export MKL's functions. Loading it also defines the operator
+    `course_lib::sgemm_linear(x [m, in], packed, out_features) -> [m, out]` that compiled graphs call."""
+    if not torch.backends.mkl.is_available():
+        return None
+    kernel = load_cpu_extension("sgemm_packed", SGEMM_SOURCE)
+    if kernel is not None:
+        register_fake("sgemm_linear", lambda x, packed, out_features: x.new_empty((x.shape[0], out_features)))
+    return kernel
 
 
 class SgemmPackedLinear(nn.Module):
@@ -180,7 +167,7 @@ class SgemmPackedLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        linear = sgemm_linear_op if torch.compiler.is_compiling() else sgemm_kernel().linear  # graph: the operator
+        linear = torch.ops.course_lib.sgemm_linear if torch.compiler.is_compiling() else sgemm_kernel().linear
         y = linear(x.reshape(-1, self.in_features), self.packed_weight, self.out_features)
         y = y if self.bias is None else y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
@@ -225,20 +212,13 @@ AMX_MAX_ROWS = 256  # eager calls with more rows (prefill chunks) take F.linear:
 @functools.cache
 def amx_kernel():
     """The C++ AMX kernel for a few bfloat16 rows (`amx_linear_cpu.cpp`), built on first use; None where
-    it cannot be built, or the CPU has no AMX, or Linux does not grant its tile registers."""
+    it cannot be built, or the CPU has no AMX, or Linux does not grant its tile registers. Loading it also
+    defines the operator `course_lib::amx_linear(x [m, in], amx_weight) -> [m, out]` for compiled graphs."""
     kernel = load_cpu_extension("amx_linear", AMX_SOURCE)
-    return kernel if kernel is not None and kernel.enable() else None
-
-
-@torch.library.custom_op("course_lib::amx_linear", mutates_args=())
-def amx_linear_op(x: torch.Tensor, amx_weight: torch.Tensor) -> torch.Tensor:
-    """The AMX kernel as a PyTorch operator, so a compiled graph can call it: [m, in] -> [m, out]."""
-    return amx_kernel().linear(x, amx_weight)
-
-
-@amx_linear_op.register_fake
-def _(x, amx_weight):
-    return x.new_empty((x.shape[0], amx_weight.shape[0] * 16))
+    if kernel is None:
+        return None
+    register_fake("amx_linear", lambda x, amx_weight: x.new_empty((x.shape[0], amx_weight.shape[0] * 16)))
+    return kernel if kernel.enable() else None
 
 
 class AmxLinear(nn.Linear):
@@ -267,7 +247,7 @@ class AmxLinear(nn.Linear):
         compiling = torch.compiler.is_compiling()
         if not compiling and x.numel() > AMX_MAX_ROWS * x.shape[-1]:
             return F.linear(x, self.weight, self.bias)
-        amx = amx_linear_op if compiling else amx_kernel().linear  # graph: the operator
+        amx = torch.ops.course_lib.amx_linear if compiling else amx_kernel().linear  # graph: the operator
         y = amx(x.reshape(-1, self.in_features), self.amx_weight).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 

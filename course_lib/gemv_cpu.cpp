@@ -50,6 +50,12 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor w) {
 #endif
 }
 
+// The same function as the operator course_lib::gemv, registered here in C++ so that a compiled graph
+// (Inductor's C++ wrapper) calls it through the dispatcher without going back to Python: ~3 us a call
+// instead of ~16 us for an operator defined in Python (`torch.library.custom_op`).
+TORCH_LIBRARY_FRAGMENT(course_lib, m) { m.def("gemv(Tensor x, Tensor weight) -> Tensor"); }
+TORCH_LIBRARY_IMPL(course_lib, CPU, m) { m.impl("gemv", &gemv); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifdef __AVX512BF16__
   m.attr("supported") = true;

@@ -51,6 +51,10 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t n) {
   return y;
 }
 
+// The operator course_lib::sgemm_linear for compiled graphs, registered in C++ (no Python in the call).
+TORCH_LIBRARY_FRAGMENT(course_lib, m) { m.def("sgemm_linear(Tensor x, Tensor packed, int out_features) -> Tensor"); }
+TORCH_LIBRARY_IMPL(course_lib, CPU, m) { m.impl("sgemm_linear", &linear); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "an nn.Linear's float32 weight [n, k], packed by MKL");
   m.def("linear", &linear, "x [m, k] @ w^T through the packed weight: [m, n]");

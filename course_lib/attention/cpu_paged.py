@@ -12,17 +12,24 @@ the engine keeps the PyTorch reference.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
 
-from ..cpp_build import load_cpu_extension
+from ..cpp_build import load_cpu_extension, register_fake
 
 SOURCE = Path(__file__).with_name("paged_decode_cpu.cpp")
 
 
+@functools.cache
 def _extension():
-    return load_cpu_extension("paged_decode_cpu", SOURCE)
+    """The built kernel, or None. Loading it also defines the operator `course_lib::paged_decode_attention`
+    (the arguments of `cpu_paged_decode_attention`) that compiled decode steps call, in C++: no Python per call."""
+    kernel = load_cpu_extension("paged_decode_cpu", SOURCE)
+    if kernel is not None:  # the output is contiguous, as the kernel's is, whatever q's strides
+        register_fake("paged_decode_attention", lambda q, *args, **kwargs: q.new_empty(q.shape))
+    return kernel
 
 
 def available(device: torch.device | str = "cpu") -> bool:
@@ -46,16 +53,3 @@ def cpu_paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_c
         q.contiguous(), k_cache_layer.contiguous(), v_cache_layer.contiguous(),
         block_tables.to(torch.int32).contiguous(), context_lens.to(torch.int32).contiguous(),
         contiguous(k_new), contiguous(v_new))
-
-
-@torch.library.custom_op("course_lib::paged_decode_attention", mutates_args=())
-def paged_decode_op(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
-                    block_tables: torch.Tensor, context_lens: torch.Tensor,
-                    k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None) -> torch.Tensor:
-    """`cpu_paged_decode_attention` as a PyTorch operator, so a `torch.compile`d graph can call it."""
-    return cpu_paged_decode_attention(q, k_cache_layer, v_cache_layer, block_tables, context_lens, k_new, v_new)
-
-
-@paged_decode_op.register_fake
-def _(q, k_cache_layer, v_cache_layer, block_tables, context_lens, k_new=None, v_new=None):
-    return q.new_empty(q.shape)  # contiguous, as the kernel's output is, whatever q's strides

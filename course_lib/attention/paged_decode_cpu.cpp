@@ -245,6 +245,25 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   return out;
 }
 
+// The operator course_lib::paged_decode_attention for compiled graphs, registered in C++ so the graph calls
+// it without going back to Python. A graph passes views (q split from the qkv matmul): made contiguous here.
+torch::Tensor paged_decode_op(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
+                              torch::Tensor context_lens, c10::optional<torch::Tensor> k_new,
+                              c10::optional<torch::Tensor> v_new) {
+  auto contiguous = [](const c10::optional<torch::Tensor>& t) {
+    return t.has_value() ? c10::optional<torch::Tensor>(t->contiguous()) : c10::nullopt;
+  };
+  return paged_decode_attention(q.contiguous(), k_cache.contiguous(), v_cache.contiguous(),
+                                block_tables.to(at::kInt).contiguous(), context_lens.to(at::kInt).contiguous(),
+                                contiguous(k_new), contiguous(v_new));
+}
+
+TORCH_LIBRARY_FRAGMENT(course_lib, m) {
+  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor context_lens, Tensor? k_new=None, Tensor? v_new=None) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(course_lib, CPU, m) { m.impl("paged_decode_attention", &paged_decode_op); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged KV cache (CPU)",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("context_lens"),
