@@ -110,8 +110,13 @@ def test_compiled_engine_greedy_equals_eager_engine(tokenizer, cpp):
     assert got == want
     # Without the C++ kernel only one-sequence steps are compiled: the longest request's steps alone.
     # With it, every decode step (all prompts prefill in the first step; 39 more give 40 tokens).
-    assert engine.model_runner.compiled_decode.steps == (39 if cpp else 40 - 25)
+    step = engine.model_runner.compiled_decode
+    assert step.steps == (39 if cpp else 40 - 25)
+    assert step.warm  # every step fitted a graph of warmup(): only the guards that tell them apart were checked
     assert engine.block_manager.num_used_blocks == 0
+    if cpp:  # tensors made outside inference mode fit no graph: the step checks every guard again, and compiles
+        logits = step(torch.tensor([5, 6]), torch.tensor([3, 1]), [[0], [1]], torch.tensor([3, 5]))
+        assert logits.shape == (2, model.config.vocab_size) and not step.warm
 
 
 @pytest.mark.parametrize("option", ["compile_decode", "cpp_decode_attention"])
