@@ -193,6 +193,20 @@ def test_cpp_kernel_new_token_equals_storing_it_first(dtype, atol):
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
 
 
+@needs_cpp
+def test_cpp_kernel_takes_views_and_int64_tables():
+    """A compiled graph calls the operator with q and the new K/V as views of the qkv matmul's output, and
+    callers may pass int64 tables: the kernel makes them contiguous int32 itself, with the same result."""
+    q, k, v, bt, cl = random_decode_case("cpu", torch.float32, heads=9, kv_heads=3, head_dim=64, context_lens=(5, 70))
+    qkv = torch.randn(len(cl), 15, 64)  # [seqs, q + k + v heads, head_dim], as the fused projection lays them out
+    qkv[:, :9] = q
+    q_view, k_new, v_new = qkv.split([9, 3, 3], dim=1)
+    assert not q_view.is_contiguous() and not k_new.is_contiguous()
+    want = cpu_paged.cpu_paged_decode_attention(q, k, v, bt, cl - 1, k_new.contiguous(), v_new.contiguous())
+    for attend in (cpu_paged.cpu_paged_decode_attention, torch.ops.course_lib.paged_decode_attention):
+        torch.testing.assert_close(attend(q_view, k, v, bt.long(), (cl - 1).long(), k_new, v_new), want, rtol=0, atol=0)
+
+
 def test_cpp_kernel_is_for_the_cpu_only():
     assert not cpu_paged.available("cuda") and not cpu_paged.available("meta")
 

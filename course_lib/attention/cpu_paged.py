@@ -47,9 +47,7 @@ def cpu_paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_c
     Returns [num_seqs, heads, head_dim].
 
     With k_new, v_new [num_seqs, kv_heads, head_dim], each sequence also attends to one more token that is
-    not in the cache yet, after its context_lens cached ones (then context_lens may be 0)."""
-    contiguous = lambda t: None if t is None else t.contiguous()  # noqa: E731
-    return _extension().paged_decode_attention(
-        q.contiguous(), k_cache_layer.contiguous(), v_cache_layer.contiguous(),
-        block_tables.to(torch.int32).contiguous(), context_lens.to(torch.int32).contiguous(),
-        contiguous(k_new), contiguous(v_new))
+    not in the cache yet, after its context_lens cached ones (then context_lens may be 0). Any strides and
+    integer types: the kernel makes them contiguous int32 itself."""
+    return _extension().paged_decode_attention(q, k_cache_layer, v_cache_layer, block_tables, context_lens,
+                                               k_new, v_new)

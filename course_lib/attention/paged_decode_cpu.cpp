@@ -205,16 +205,17 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
 }
 
 // q [num_seqs, num_heads, head_dim]; k/v_cache [num_blocks, block_size, kv_heads, head_dim] (one layer);
-// block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32: cached tokens of each sequence.
+// block_tables [num_seqs, max_blocks], context_lens [num_seqs]: cached tokens of each sequence.
 // k_new, v_new [num_seqs, kv_heads, head_dim] (optional): one more token per sequence, not yet in the cache,
-// attended after the cached ones (the compiled decode step stores K/V after its graph). All contiguous.
+// attended after the cached ones (the compiled decode step stores K/V after its graph). Any strides and
+// integer types: made contiguous and int32 here (no copy when they are; a compiled graph passes q as a view).
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens,
                                      c10::optional<torch::Tensor> k_new, c10::optional<torch::Tensor> v_new) {
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-              block_tables.is_contiguous() && context_lens.is_contiguous(), "inputs must be contiguous");
-  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
-              "block_tables and context_lens must be int32");
+  q = q.contiguous(), k_cache = k_cache.contiguous(), v_cache = v_cache.contiguous();
+  block_tables = block_tables.to(at::kInt).contiguous(), context_lens = context_lens.to(at::kInt).contiguous();
+  if (k_new.has_value()) k_new = k_new->contiguous();
+  if (v_new.has_value()) v_new = v_new->contiguous();
   TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
               "q, k_cache and v_cache must have one dtype");
   TORCH_CHECK(k_new.has_value() == v_new.has_value(), "pass both k_new and v_new, or neither");
@@ -223,7 +224,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   TORCH_CHECK(num_heads % kv_heads == 0 && k_cache.size(3) == head_dim, "q and the cache do not match");
   if (k_new.has_value()) {
     for (const auto& t : {*k_new, *v_new})
-      TORCH_CHECK(t.is_contiguous() && t.scalar_type() == q.scalar_type() && t.dim() == 3 && t.size(0) == num_seqs &&
+      TORCH_CHECK(t.scalar_type() == q.scalar_type() && t.dim() == 3 && t.size(0) == num_seqs &&
                   t.size(1) == kv_heads && t.size(2) == head_dim, "k_new and v_new must be [num_seqs, kv_heads, head_dim]");
   }
   auto out = torch::empty_like(q);
@@ -246,23 +247,12 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 }
 
 // The operator course_lib::paged_decode_attention for compiled graphs, registered in C++ so the graph calls
-// it without going back to Python. A graph passes views (q split from the qkv matmul): made contiguous here.
-torch::Tensor paged_decode_op(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
-                              torch::Tensor context_lens, c10::optional<torch::Tensor> k_new,
-                              c10::optional<torch::Tensor> v_new) {
-  auto contiguous = [](const c10::optional<torch::Tensor>& t) {
-    return t.has_value() ? c10::optional<torch::Tensor>(t->contiguous()) : c10::nullopt;
-  };
-  return paged_decode_attention(q.contiguous(), k_cache.contiguous(), v_cache.contiguous(),
-                                block_tables.to(at::kInt).contiguous(), context_lens.to(at::kInt).contiguous(),
-                                contiguous(k_new), contiguous(v_new));
-}
-
+// it without going back to Python.
 TORCH_LIBRARY_FRAGMENT(course_lib, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, Tensor? k_new=None, Tensor? v_new=None) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(course_lib, CPU, m) { m.impl("paged_decode_attention", &paged_decode_op); }
+TORCH_LIBRARY_IMPL(course_lib, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged KV cache (CPU)",

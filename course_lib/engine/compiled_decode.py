@@ -72,6 +72,8 @@ class DecodeStepAttention:
                  use_cpp: bool = False):
         self.kv_cache, self.block_tables, self.cached_lens = kv_cache, block_tables, cached_lens
         self.use_cpp = use_cpp
+        if use_cpp and not torch.compiler.is_compiling():  # an eager call: loading the kernel defines its operator
+            cpu_paged.available()  # (a compiled step loaded it before tracing: CompiledDecodeStep.__init__)
         self.new_k: list[torch.Tensor] = []
         self.new_v: list[torch.Tensor] = []
 
@@ -133,8 +135,8 @@ class CompiledDecodeStep:
         sizes = [(1, 2), (1, 3)] + ([(2, 2), (3, 3)] if self.use_cpp else [])  # (sequences, blocks)
         # No "duck sizing": by default sizes that happen to be equal while tracing (2 sequences, 2 blocks, a
         # model of 2 layers) become one symbol, and a later step where they differ compiles again.
-        for n, blocks in sizes:
-            with torch.fx.experimental._config.patch(use_duck_shape=False):
+        with torch.fx.experimental._config.patch(use_duck_shape=False):
+            for n, blocks in sizes:
                 self._step(torch.zeros(n, dtype=torch.long, device=device), torch.full((n,), 5, device=device),
                            torch.zeros(n, blocks, dtype=torch.int32, device=device),
                            torch.full((n,), 5, dtype=torch.int32, device=device))
