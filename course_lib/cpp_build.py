@@ -21,14 +21,26 @@ import warnings
 from pathlib import Path
 
 
+def cpuinfo(field: str) -> str | None:
+    """The first `field` line's value in /proc/cpuinfo (Linux), or None."""
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(field))
+    except (OSError, StopIteration):
+        return None
+    return line.partition(":")[2].strip()
+
+
 def cpu_tag() -> str:
     """A short hash of this CPU's feature flags: a build made with -march=native for one CPU is never
     loaded on another (PyTorch's build cache is keyed by the source and flags, not by the CPU)."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = platform.processor() or platform.machine()
+    flags = cpuinfo("flags") or platform.processor() or platform.machine()
     return hashlib.sha1(flags.encode()).hexdigest()[:10]
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """'GenuineIntel', 'AuthenticAMD', ...: MKL chooses its code by it (`fast_path.float32_kernel`)."""
+    return cpuinfo("vendor_id") or platform.processor() or ""
 
 
 def toolchain_available() -> bool:

@@ -2,7 +2,7 @@
 
     model = load_model(...)
     use_fast_path(model)     # per block: q/k/v -> one qkv_proj, gate/up -> one gate_up_proj, fused elementwise
-    pack_linears(model)      # CPU: weights laid out once for oneDNN or AMX (bf16), MKL (f32)
+    pack_linears(model)      # CPU: weights laid out once for oneDNN or AMX (bf16), MKL or oneDNN (f32)
 
 `course_lib.model` stays the readable reference. Each class here subclasses one of its modules and
 changes only how it computes the same numbers: one matmul reads the weights of three (or two) and
@@ -14,12 +14,13 @@ memory; code that reads `q_proj` by name (the early chapters) uses the reference
 
 `pack_linears` only changes which CPU kernel computes each linear layer: `PackedLinear` (bfloat16,
 float16), `OneRowLinear` (bfloat16, compiled), `AmxLinear` (bfloat16 on a CPU with AMX),
-`SgemmPackedLinear` (float32) and `FewRowsLinear` (float32, compiled) give the same products as
-`F.linear`, up to rounding.
+`SgemmPackedLinear` (float32 on Intel CPUs), `PackedLinear` (float32 elsewhere) and `FewRowsLinear`
+(float32, compiled) give the same products as `F.linear`, up to rounding.
 """
 from __future__ import annotations
 
 import functools
+import weakref
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 
 from . import fused_ops
 from .attention import causal_attention
-from .cpp_build import load_cpu_extension, register_fake
+from .cpp_build import cpu_vendor, load_cpu_extension, register_fake
 from .model import MLP, Attention, Block, RMSNorm, Transformer
 
 
@@ -103,15 +104,31 @@ def one_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return y if bias is None else y + bias
 
 
+ONEDNN_SOURCE = Path(__file__).with_name("onednn_linear_cpu.cpp")
+
+
+@functools.cache
+def onednn_kernel():
+    """The table of packed oneDNN weights that compiled graphs name by number (`onednn_linear_cpu.cpp`),
+    built on first use; None where it cannot be built. Loading it also defines the operator
+    `course_lib::onednn_linear(x [m, in], handle, out_features) -> [m, out]`."""
+    kernel = load_cpu_extension("onednn_linear", ONEDNN_SOURCE)
+    if kernel is not None:
+        register_fake("onednn_linear", lambda x, handle, out_features: x.new_empty((x.shape[0], out_features)))
+    return kernel
+
+
 class PackedLinear(nn.Module):
     """An `nn.Linear` whose weight oneDNN has re-laid-out once for the CPU's matrix units (AMX, AVX-512).
 
     The same product as `F.linear` (bit-identical in bfloat16 on the machines measured here), with
     no re-layout of the weight inside every call. Measured with torch 2.13 on a 2-core Xeon with AMX,
     all 30 layers of the default model in bfloat16: 17.5 -> 13.6 ms for 1 row, 18.6 -> 11.6 ms for
-    16 rows, 25.6 -> 15.8 ms for 64 rows. In float32 it was slower for one row, so `pack_linears`
-    leaves float32 alone. The packed weight is an opaque oneDNN tensor: it cannot be saved, moved
-    to another device or read back, so pack last (after fusing and quantizing), for serving only.
+    16 rows, 25.6 -> 15.8 ms for 64 rows. float32 takes it where MKL is slow (`float32_kernel`).
+    The packed weight is an opaque oneDNN tensor: it cannot be saved, moved to another device or
+    read back, so pack last (after fusing and quantizing), for serving only. A compiled graph cannot
+    take it as an input either: it calls the operator `course_lib::onednn_linear` with the number
+    (`handle`) under which `onednn_kernel`'s table keeps the weight while this layer lives.
     `keep_weight=True` keeps the plain weight as well, and one-row calls (a decode step of one
     sequence) go through the C++ kernel of `gemv_kernel`, which streams it faster than oneDNN does.
     """
@@ -124,10 +141,18 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
         # the plain weight too, for one-row calls through the C++ kernel (twice the memory)
         self.register_buffer("weight", linear.weight.detach() if keep_weight else None, persistent=False)
+        kernel = onednn_kernel()
+        self.handle = None if kernel is None else kernel.keep(packed)  # the same tensor: no copy
+        if kernel is not None:
+            weakref.finalize(self, kernel.release, self.handle)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight is not None and x.numel() == x.shape[-1]:
             return one_row_linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling():
+            y = torch.ops.course_lib.onednn_linear(x.reshape(-1, self.in_features), self.handle, self.out_features)
+            y = y if self.bias is None else y + self.bias
+            return y.view(*x.shape[:-1], self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
@@ -261,6 +286,17 @@ def can_pack(device: torch.device | str, dtype: torch.dtype) -> bool:
     return dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()
 
 
+def float32_kernel(opaque: bool = True) -> str:
+    """Which kernel `pack_linears` gives float32 layers on this CPU: "mkl" (`SgemmPackedLinear`) on an
+    Intel CPU, "onednn" (`PackedLinear`) on others, where MKL takes slower code (figures in
+    `onednn_linear_cpu.cpp`: 1.4x at one row, ~3x at 16 and 64 rows), "few_rows" (`FewRowsLinear`) where
+    neither builds. For a model `torch.compile` will trace (not `opaque`), oneDNN needs its operator."""
+    onednn = torch.backends.mkldnn.is_available() and (opaque or onednn_kernel() is not None)
+    if onednn and cpu_vendor() != "GenuineIntel":
+        return "onednn"
+    return "mkl" if sgemm_kernel() is not None else "few_rows"
+
+
 def pack_linears(model: Transformer, opaque: bool = True) -> Transformer:
     """Give every plain `nn.Linear` of `model` the CPU's faster kernels, in place; returns the model.
 
@@ -274,19 +310,22 @@ def pack_linears(model: Transformer, opaque: bool = True) -> Transformer:
     (its one row through the kernel: 3.3 against 5.7 ms for W @ x^T over the default model's 49k rows).
     On a CPU with AMX, every bfloat16 layer whose shape the tiles fit becomes an `AmxLinear` instead,
     `opaque` or not (plain weight plus the same again as tiles; the lm_head included).
-    float32: each layer becomes a `SgemmPackedLinear` where MKL's packed GEMM builds, `opaque` or not
-    (a graph calls it as an operator), the lm_head included (a tied one gets its own packed copy, 113 MB
-    for the default model; 64 rows 38 -> 22 ms against `project_to_vocab`'s W @ x^T). Where it does not
-    build, each layer but the lm_head (which `project_to_vocab` computes as W @ x^T) becomes a
-    `FewRowsLinear`. Other dtypes and devices, and quantized layers, are left as they are.
+    float32, on an Intel CPU: each layer becomes a `SgemmPackedLinear` where MKL's packed GEMM builds,
+    `opaque` or not (a graph calls it as an operator), the lm_head included (a tied one gets its own
+    packed copy, 113 MB for the default model; 64 rows 38 -> 22 ms against `project_to_vocab`'s W @ x^T).
+    On other CPUs each becomes a `PackedLinear` instead, the lm_head included (`float32_kernel`). Where
+    neither builds, each layer but the lm_head (which `project_to_vocab` computes as W @ x^T) becomes
+    a `FewRowsLinear`. Other dtypes and devices, and quantized layers, are left as they are.
     """
     if model.device.type != "cpu":
         return model
     plain = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
     if model.dtype == torch.float32:
-        packed = sgemm_kernel() is not None
+        kernel = float32_kernel(opaque)
         for name, module in plain:
-            if packed:
+            if kernel == "onednn":
+                model.set_submodule(name, PackedLinear(module))
+            elif kernel == "mkl":
                 model.set_submodule(name, SgemmPackedLinear(module))
             elif module is not model.lm_head:
                 module.__class__ = FewRowsLinear

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -11,8 +12,9 @@ from course_lib.config import ModelConfig
 from course_lib.cpp_build import load_cpu_extension, toolchain_available
 from course_lib import fast_path
 from course_lib.fast_path import (GEMV_SOURCE, SGEMM_SOURCE, AmxLinear, FewRowsLinear, FusedAttention, FusedMLP,
-                                  OneRowLinear, PackedLinear, SgemmPackedLinear, amx_kernel, can_pack, gemv_kernel,
-                                  pack_linears, sgemm_kernel, use_fast_path)
+                                  OneRowLinear, PackedLinear, SgemmPackedLinear, amx_kernel, can_pack,
+                                  float32_kernel, gemv_kernel, onednn_kernel, pack_linears, sgemm_kernel,
+                                  use_fast_path)
 from course_lib.kv_cache import KVCache
 from course_lib.model import Transformer
 from course_lib.profiling.memory import weight_bytes
@@ -102,7 +104,8 @@ def test_few_rows_linear_matches_linear(bias):
 
 
 def test_float32_layers_become_few_rows_linear_sharing_their_weights(monkeypatch):
-    monkeypatch.setattr(fast_path, "sgemm_kernel", lambda: None)  # where MKL's packed GEMM does not build
+    monkeypatch.setattr(fast_path, "cpu_vendor", lambda: "GenuineIntel")  # where MKL is fast...
+    monkeypatch.setattr(fast_path, "sgemm_kernel", lambda: None)  # ...but its packed GEMM does not build
     model = use_fast_path(tiny()).float()
     weights = {name: m.weight for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     ids = torch.randint(0, 97, (1, 20))  # 20 rows: the W @ x^T branch
@@ -140,8 +143,9 @@ def test_sgemm_packed_linear_matches_linear(bias):
             torch.testing.assert_close(f(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
-def test_float32_layers_become_sgemm_packed_the_lm_head_included():
+def test_float32_layers_become_sgemm_packed_the_lm_head_included(monkeypatch):
     needs_sgemm()
+    monkeypatch.setattr(fast_path, "cpu_vendor", lambda: "GenuineIntel")
     model = use_fast_path(tiny()).float()
     ids = torch.randint(0, 97, (1, 20))
     want, size = model(ids), weight_bytes(model)
@@ -154,8 +158,10 @@ def test_float32_layers_become_sgemm_packed_the_lm_head_included():
     torch.testing.assert_close(model(ids[:, :1]), want[:, :1], rtol=1e-5, atol=1e-5)
 
 
-def test_a_packed_tied_lm_head_holds_a_copy_and_a_step_reads_one_table():
-    needs_sgemm()
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])  # MKL's packed GEMM, oneDNN
+def test_a_packed_tied_lm_head_holds_a_copy_and_a_step_reads_one_table(monkeypatch, vendor):
+    needs_sgemm() if vendor == "GenuineIntel" else needs_onednn()
+    monkeypatch.setattr(fast_path, "cpu_vendor", lambda: vendor)
     model = use_fast_path(tiny()).float()
     model.lm_head.weight = model.embed_tokens.weight  # tied, as SmolLM2's
     table = model.embed_tokens.weight.numel() * 4
@@ -168,12 +174,62 @@ def test_a_packed_tied_lm_head_holds_a_copy_and_a_step_reads_one_table():
 
 def test_float32_engine_batch_of_few_rows_keeps_greedy_tokens(llm):
     fast = LLM(device="cpu", fast_path=True)
-    kind = SgemmPackedLinear if sgemm_kernel() is not None else FewRowsLinear
+    kind = {"onednn": PackedLinear, "mkl": SgemmPackedLinear, "few_rows": FewRowsLinear}[float32_kernel()]
     assert isinstance(fast.model.layers[0].mlp.down_proj, kind)
     prompts = [f"Count from {i}: {i}," for i in range(10)]  # 10 decode rows a step
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert [o.outputs[0].token_ids for o in fast.generate(prompts, params)] == want
+
+
+def needs_onednn():
+    """Skip where this torch has no oneDNN or no toolchain is here; fail where the handle table does not build."""
+    if not (toolchain_available() and torch.backends.mkldnn.is_available()):
+        pytest.skip("no C++ toolchain or no oneDNN in this torch")
+    assert onednn_kernel() is not None
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_float32_packed_linear_matches_linear_eager_and_compiled(bias):
+    needs_onednn()
+    kernel = onednn_kernel()
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96, bias=bias)
+    kept = kernel.kept()
+    packed = PackedLinear(linear)
+    assert kernel.kept() == kept + 1 and weight_bytes(packed) == weight_bytes(linear)
+    for shape in [(1, 64), (3, 64), (1, 16, 64), (2, 40, 64), (300, 64)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+    f = torch.compile(packed, dynamic=True, fullgraph=True)  # the graph names the weight by its handle
+    with torch.inference_mode():
+        for shape in [(1, 64), (5, 64), (2, 7, 64)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(f(x), linear(x), rtol=1e-5, atol=1e-5)
+    other = PackedLinear(linear)
+    assert kernel.kept() == kept + 2
+    handle = other.handle
+    del other
+    gc.collect()
+    assert kernel.kept() == kept + 1  # a freed layer's weight leaves the table
+    with pytest.raises(RuntimeError, match="freed"):
+        torch.ops.course_lib.onednn_linear(torch.randn(2, 64), handle, 96)
+
+
+def test_float32_model_packed_for_onednn_compiles(monkeypatch):
+    needs_onednn()
+    monkeypatch.setattr(fast_path, "cpu_vendor", lambda: "AuthenticAMD")  # where MKL takes slow code
+    model = use_fast_path(tiny()).float()
+    ids = torch.randint(0, 97, (1, 20))
+    want = model(ids)
+    pack_linears(model, opaque=False)  # for torch.compile
+    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == 4 * 3 + 1
+    assert isinstance(model.lm_head, PackedLinear) and not any(type(m) is torch.nn.Linear for m in model.modules())
+    torch.testing.assert_close(model(ids), want, rtol=1e-5, atol=1e-5)
+    compiled = torch.compile(model, dynamic=True, fullgraph=True)
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(ids), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(compiled(ids[:, :7]), want[:, :7], rtol=1e-5, atol=1e-5)
 
 
 @needs_bf16_packing

@@ -8,7 +8,8 @@ for oneDNN (`freezing`, which uses AMX where the CPU has it). With `fast_path`, 
 their own kernels (`fast_path.pack_linears(opaque=False)`): the one-sequence graph of a bfloat16
 model calls the C++ one-row kernel (`OneRowLinear`), the batched one the AMX tiles on a CPU with AMX
 (`AmxLinear`; 16 sequences: 1.54x a step against oneDNN's packed weights), a float32 graph MKL's
-packed GEMM (`SgemmPackedLinear`).
+packed GEMM (`SgemmPackedLinear`) on an Intel CPU, oneDNN's packed weights elsewhere (`PackedLinear`,
+through the operator `course_lib::onednn_linear`).
 
     step(input_ids [n], positions [n], block_tables [n, blocks], cached_lens [n])
         -> logits [n, vocab], new_k and new_v [layers, n, kv_heads, head_dim]
