@@ -96,6 +96,13 @@ def gemv_kernel():
     return kernel if kernel is not None and kernel.supported else None
 
 
+def one_row_kernel_pays() -> bool:
+    """True where bfloat16 one-row steps go through `gemv_kernel` rather than oneDNN: it runs here, and the
+    CPU is Intel's. On a 2-core AMD EPYC (Zen 5) it streamed a decode step's weights (the default model's
+    layers and lm_head, each from memory) at 16 GB/s, oneDNN's packed weights at 29 (16.9 vs 9.2 ms)."""
+    return gemv_kernel() is not None and cpu_vendor() == "GenuineIntel"
+
+
 def one_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear of one row ([..., in] holding one row) through the C++ kernel. Eager calls it directly;
     a compiled graph calls the operator `course_lib::gemv`, which the kernel's source registers in C++."""
@@ -263,7 +270,7 @@ class AmxLinear(nn.Linear):
         """Turn `linear` (bfloat16, `fits`) into an AmxLinear in place; returns it."""
         linear.__class__ = cls
         linear.register_buffer("amx_weight", amx_kernel().pack(linear.weight.detach()), persistent=False)
-        linear.one_row = gemv_kernel() is not None
+        linear.one_row = one_row_kernel_pays()
         return linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -302,12 +309,15 @@ def pack_linears(model: Transformer, opaque: bool = True) -> Transformer:
 
     Half precision where `can_pack` holds: each becomes a `PackedLinear`, the lm_head included (a
     tied lm_head gets its own packed copy of the embedding matrix: 57 MB for the default model in
-    bfloat16). In bfloat16, where the C++ one-row kernel builds with AVX512-BF16, each also keeps its
+    bfloat16). In bfloat16, where the C++ one-row kernel pays (`one_row_kernel_pays`), each also keeps its
     plain weight for one-row calls: decode of one sequence ~1.2x faster eager, for twice the weight
     memory (326 -> 538 MB for the default model).
-    Not `opaque` (a model `torch.compile` will trace, which cannot lower packed weights): the weights
-    stay plain, and in bfloat16 every layer becomes a `OneRowLinear` instead, the lm_head included
-    (its one row through the kernel: 3.3 against 5.7 ms for W @ x^T over the default model's 49k rows).
+    Not `opaque` (a model `torch.compile` will trace, which cannot take packed weights as inputs): where
+    the one-row kernel pays, the weights stay plain and every bfloat16 layer becomes a `OneRowLinear`,
+    the lm_head included (its one row through the kernel: 3.3 against 5.7 ms for W @ x^T over the default
+    model's 49k rows); elsewhere each is still a `PackedLinear`, which a graph calls through its handle
+    (a 2-core AMD EPYC, compiled bfloat16 decode of 1, 16 and 64 sequences: 1.40x, 1.39x and 1.17x the
+    tok/s of leaving the layers plain for Inductor to pack for oneDNN itself, `freezing`).
     On a CPU with AMX, every bfloat16 layer whose shape the tiles fit becomes an `AmxLinear` instead,
     `opaque` or not (plain weight plus the same again as tiles; the lm_head included).
     float32, on an Intel CPU: each layer becomes a `SgemmPackedLinear` where MKL's packed GEMM builds,
@@ -330,12 +340,12 @@ def pack_linears(model: Transformer, opaque: bool = True) -> Transformer:
             elif module is not model.lm_head:
                 module.__class__ = FewRowsLinear
     elif can_pack(model.device, model.dtype):
-        one_row = model.dtype == torch.bfloat16 and gemv_kernel() is not None
+        one_row = model.dtype == torch.bfloat16 and one_row_kernel_pays()
         amx = model.dtype == torch.bfloat16 and amx_kernel() is not None
         for name, module in plain:
             if amx and AmxLinear.fits(module):
                 AmxLinear.convert(module)
-            elif opaque:
+            elif opaque or (not one_row and onednn_kernel() is not None):  # a graph calls onednn_linear
                 model.set_submodule(name, PackedLinear(module, keep_weight=one_row))
             elif one_row:
                 module.__class__ = OneRowLinear

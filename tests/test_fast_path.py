@@ -13,8 +13,8 @@ from course_lib.cpp_build import load_cpu_extension, toolchain_available
 from course_lib import fast_path
 from course_lib.fast_path import (GEMV_SOURCE, SGEMM_SOURCE, AmxLinear, FewRowsLinear, FusedAttention, FusedMLP,
                                   OneRowLinear, PackedLinear, SgemmPackedLinear, amx_kernel, can_pack,
-                                  float32_kernel, gemv_kernel, onednn_kernel, pack_linears, sgemm_kernel,
-                                  use_fast_path)
+                                  float32_kernel, gemv_kernel, one_row_kernel_pays, onednn_kernel, pack_linears,
+                                  sgemm_kernel, use_fast_path)
 from course_lib.kv_cache import KVCache
 from course_lib.model import Transformer
 from course_lib.profiling.memory import weight_bytes
@@ -309,17 +309,26 @@ def test_one_row_layers_match_their_packed_and_plain_twins(bias):
 
 @needs_cpp
 @needs_bf16_packing
-def test_pack_linears_in_bfloat16_keeps_plain_weights_for_one_row():
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
+def test_pack_linears_in_bfloat16_keeps_plain_weights_for_one_row(monkeypatch, vendor):
+    monkeypatch.setattr(fast_path, "cpu_vendor", lambda: vendor)
     model = use_fast_path(tiny()).to(torch.bfloat16)
-    kept = gemv_kernel() is not None  # only with AVX512-BF16 does the kernel beat oneDNN's
-    traced = pack_linears(copy.deepcopy(model), opaque=False)  # for torch.compile: plain weights
-    for layer in (traced.lm_head, traced.layers[0].mlp.down_proj):
+    kept = one_row_kernel_pays()  # only with AVX512-BF16, on an Intel CPU, does the kernel beat oneDNN's
+    assert kept == (vendor == "GenuineIntel" and gemv_kernel() is not None)
+    traced = pack_linears(copy.deepcopy(model), opaque=False)  # for torch.compile
+    for layer in (traced.lm_head, traced.layers[0].mlp.down_proj):  # plain weights for the kernel, or...
         assert isinstance(layer, OneRowLinear) == kept
+        assert isinstance(layer, PackedLinear) == (not kept and onednn_kernel() is not None)  # ...oneDNN's by handle
     packed = pack_linears(copy.deepcopy(model))
     assert isinstance(packed.lm_head, PackedLinear) and (packed.lm_head.weight is not None) == kept
     ids = torch.randint(0, 97, (1, 1))  # one token: every layer takes the one-row kernel
     torch.testing.assert_close(packed(ids), model(ids), rtol=1.6e-2, atol=1e-2)
     torch.testing.assert_close(traced(ids), model(ids), rtol=1.6e-2, atol=1e-2)
+    compiled = torch.compile(traced, dynamic=True, fullgraph=True)
+    with torch.inference_mode():
+        for n in (1, 5):  # one row (the one-row kernel or oneDNN), then several (F.linear or oneDNN)
+            ids = torch.randint(0, 97, (1, n))
+            torch.testing.assert_close(compiled(ids), model(ids), rtol=1.6e-2, atol=1e-2)
     # held twice where kept, read once: a step reads what the unpacked model reads (its table is untied)
     linear = sum(m.weight.numel() * 2 for m in model.modules() if isinstance(m, torch.nn.Linear))  # bf16 bytes
     assert weight_bytes(packed) == weight_bytes(model) + kept * linear
