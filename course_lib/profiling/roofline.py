@@ -98,23 +98,14 @@ def measure_bandwidth(device: torch.device | str | None = None, dtype: torch.dty
 
 def measure_matmul_flops(device: torch.device | str | None = None, dtype: torch.dtype | str = torch.float32,
                          n: int | None = None, repeats: int = 5) -> float:
-    """FLOP/s of an [n, n] @ [n, n] product: 2 n^3 over the fastest repeat (n = 2048 CPU, 8192 GPU).
-
-    On the CPU, the faster of `torch.mm` and oneDNN with the weight packed once (the engine's
-    `fast_path.PackedLinear`): in float32 `torch.mm` is MKL's, which takes slower code on AMD CPUs
-    (a 2-core EPYC: ~200 GFLOP/s, where oneDNN's ran a 512-token prefill at ~300)."""
+    """FLOP/s of an [n, n] @ [n, n] product: 2 n^3 over the fastest repeat (n = 2048 CPU, 8192 GPU)."""
     dev, dt = resolve_device(device), resolve_dtype(dtype)
     n = n or (8192 if dev.type == "cuda" else 2048)
     a = torch.randn(n, n, device=dev).to(dt)
     b = torch.randn(n, n, device=dev).to(dt)
     out = torch.empty(n, n, device=dev, dtype=dt)
-    t = measure(lambda: torch.mm(a, b, out=out), repeats=repeats, warmup=1, device=dev).min
-    if dev.type == "cpu" and torch.backends.mkldnn.is_available() and dt in (torch.float32, torch.bfloat16):
-        packed = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous(), None)  # a @ b as a linear layer
-        onednn = measure(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""),
-                         repeats=repeats, warmup=1, device=dev)
-        t = min(t, onednn.min)
-    return 2 * n ** 3 / t
+    t = measure(lambda: torch.mm(a, b, out=out), repeats=repeats, warmup=1, device=dev)
+    return 2 * n ** 3 / t.min
 
 
 def measure_ceilings(device: torch.device | str | None = None, dtype: torch.dtype | str = torch.float32,
