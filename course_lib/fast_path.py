@@ -296,7 +296,7 @@ def can_pack(device: torch.device | str, dtype: torch.dtype) -> bool:
 def float32_kernel(opaque: bool = True) -> str:
     """Which kernel `pack_linears` gives float32 layers on this CPU: "mkl" (`SgemmPackedLinear`) on an
     Intel CPU, "onednn" (`PackedLinear`) on others, where MKL takes slower code (figures in
-    `onednn_linear_cpu.cpp`: 1.4x at one row, ~3x at 16 and 64 rows), "few_rows" (`FewRowsLinear`) where
+    `onednn_linear_cpu.cpp`: 1.8x at one row, 2.3-2.5x at 16 to 512 rows), "few_rows" (`FewRowsLinear`) where
     neither builds. For a model `torch.compile` will trace (not `opaque`), oneDNN needs its operator."""
     onednn = torch.backends.mkldnn.is_available() and (opaque or onednn_kernel() is not None)
     if onednn and cpu_vendor() != "GenuineIntel":
