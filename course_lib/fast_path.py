@@ -134,13 +134,14 @@ class PackedLinear(nn.Module):
     16 rows, 25.6 -> 15.8 ms for 64 rows. float32 takes it where MKL is slow (`float32_kernel`).
     The packed weight is an opaque oneDNN tensor: it cannot be saved, moved to another device or
     read back, so pack last (after fusing and quantizing), for serving only. A compiled graph cannot
-    take it as an input either: it calls the operator `course_lib::onednn_linear` with the number
-    (`handle`) under which `onednn_kernel`'s table keeps the weight while this layer lives.
+    take it as an input either: with `for_graph=True`, `onednn_kernel`'s table keeps the weight under a
+    number (`handle`) while this layer lives, and a graph calls the operator `course_lib::onednn_linear`
+    with it (eager layers skip the table, and the kernel's build on first use).
     `keep_weight=True` keeps the plain weight as well, and one-row calls (a decode step of one
     sequence) go through the C++ kernel of `gemv_kernel`, which streams it faster than oneDNN does.
     """
 
-    def __init__(self, linear: nn.Linear, keep_weight: bool = False):
+    def __init__(self, linear: nn.Linear, keep_weight: bool = False, for_graph: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)  # [out, in], opaque
@@ -148,15 +149,20 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
         # the plain weight too, for one-row calls through the C++ kernel (twice the memory)
         self.register_buffer("weight", linear.weight.detach() if keep_weight else None, persistent=False)
-        kernel = onednn_kernel()
-        self.handle = None if kernel is None else kernel.keep(packed)  # the same tensor: no copy
-        if kernel is not None:
+        self.handle = None  # for a compiled graph: the packed weight's number in onednn_kernel's table
+        if for_graph:
+            kernel = onednn_kernel()
+            if kernel is None:
+                raise RuntimeError("PackedLinear(for_graph=True) needs onednn_linear_cpu.cpp, which did not build")
+            self.handle = kernel.keep(packed)  # the same tensor: no copy
             weakref.finalize(self, kernel.release, self.handle)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight is not None and x.numel() == x.shape[-1]:
             return one_row_linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
+            if self.handle is None:
+                raise RuntimeError("a compiled graph calls a PackedLinear by handle: build it with for_graph=True")
             y = torch.ops.course_lib.onednn_linear(x.reshape(-1, self.in_features), self.handle, self.out_features)
             y = y if self.bias is None else y + self.bias
             return y.view(*x.shape[:-1], self.out_features)
@@ -334,7 +340,7 @@ def pack_linears(model: Transformer, opaque: bool = True) -> Transformer:
         kernel = float32_kernel(opaque)
         for name, module in plain:
             if kernel == "onednn":
-                model.set_submodule(name, PackedLinear(module))
+                model.set_submodule(name, PackedLinear(module, for_graph=not opaque))
             elif kernel == "mkl":
                 model.set_submodule(name, SgemmPackedLinear(module))
             elif module is not model.lm_head:
@@ -346,7 +352,7 @@ def pack_linears(model: Transformer, opaque: bool = True) -> Transformer:
             if amx and AmxLinear.fits(module):
                 AmxLinear.convert(module)
             elif opaque or (not one_row and onednn_kernel() is not None):  # a graph calls onednn_linear
-                model.set_submodule(name, PackedLinear(module, keep_weight=one_row))
+                model.set_submodule(name, PackedLinear(module, keep_weight=one_row, for_graph=not opaque))
             elif one_row:
                 module.__class__ = OneRowLinear
     return model

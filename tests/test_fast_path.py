@@ -196,7 +196,9 @@ def test_float32_packed_linear_matches_linear_eager_and_compiled(bias):
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 96, bias=bias)
     kept = kernel.kept()
-    packed = PackedLinear(linear)
+    eager = PackedLinear(linear)  # eager only: no handle, nothing in the table
+    assert eager.handle is None and kernel.kept() == kept
+    packed = PackedLinear(linear, for_graph=True)
     assert kernel.kept() == kept + 1 and weight_bytes(packed) == weight_bytes(linear)
     for shape in [(1, 64), (3, 64), (1, 16, 64), (2, 40, 64), (300, 64)]:
         x = torch.randn(shape)
@@ -206,7 +208,10 @@ def test_float32_packed_linear_matches_linear_eager_and_compiled(bias):
         for shape in [(1, 64), (5, 64), (2, 7, 64)]:
             x = torch.randn(shape)
             torch.testing.assert_close(f(x), linear(x), rtol=1e-5, atol=1e-5)
-    other = PackedLinear(linear)
+    with pytest.raises(Exception, match="for_graph=True"):  # an eager-only layer refuses to be traced
+        with torch.inference_mode():
+            torch.compile(eager, dynamic=True, fullgraph=True)(torch.randn(3, 64))
+    other = PackedLinear(linear, for_graph=True)
     assert kernel.kept() == kept + 2
     handle = other.handle
     del other
@@ -319,8 +324,11 @@ def test_pack_linears_in_bfloat16_keeps_plain_weights_for_one_row(monkeypatch, v
     for layer in (traced.lm_head, traced.layers[0].mlp.down_proj):  # plain weights for the kernel, or...
         assert isinstance(layer, OneRowLinear) == kept
         assert isinstance(layer, PackedLinear) == (not kept and onednn_kernel() is not None)  # ...oneDNN's by handle
+    if isinstance(traced.lm_head, PackedLinear):
+        assert traced.lm_head.handle is not None  # named in the table, for the graph
     packed = pack_linears(copy.deepcopy(model))
     assert isinstance(packed.lm_head, PackedLinear) and (packed.lm_head.weight is not None) == kept
+    assert packed.lm_head.handle is None  # eager: not in the table
     ids = torch.randint(0, 97, (1, 1))  # one token: every layer takes the one-row kernel
     torch.testing.assert_close(packed(ids), model(ids), rtol=1.6e-2, atol=1e-2)
     torch.testing.assert_close(traced(ids), model(ids), rtol=1.6e-2, atol=1e-2)
