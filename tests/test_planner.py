@@ -14,8 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from course_lib.planner import (DEVICES, PRESETS, THIS_MACHINE, DeviceSpec, find_device, load_config,  # noqa: E402
-                                plan, weight_memory)
+from course_lib.planner import (DEVICES, FRACTIONS, PRESETS, THIS_MACHINE, DeviceSpec, find_device,  # noqa: E402
+                                load_config, plan, weight_memory)
 from course_lib.planner.__main__ import main  # noqa: E402
 from course_lib.gguf_file import read_gguf_config  # noqa: E402
 from course_lib.profiling import weight_bytes  # noqa: E402
@@ -157,9 +157,26 @@ def test_load_config_reads_dicts_files_and_gguf(tmp_path, gguf_path):
 
 
 def test_measured_device():
+    from course_lib.cpp_build import cpu_vendor
+
     spec = DeviceSpec.measure("cpu", ("float32",), repeats=1)
     assert spec.kind == "cpu" and spec.name.startswith(THIS_MACHINE) and spec.peak_flops("float32") > 1e9
+    assert spec.vendor == cpu_vendor() and H100.vendor is None
     assert plan("SmolLM2-135M-Instruct", spec, dtype="float32").fits
+
+
+@pytest.mark.parametrize("vendor", [None, "GenuineIntel", "AuthenticAMD", "SomeOtherMaker"])
+def test_default_fractions_follow_the_cpus_maker(vendor):
+    """A measured CPU's plan uses the fractions measured on its maker's CPUs (MKL runs other code on each); a
+    datasheet card or an unknown maker the Intel ones; a fraction passed in wins."""
+    cpu = DeviceSpec("a CPU", 16 * GiB, 40e9, {"float32": 200e9}, "test", "cpu", vendor)
+    shares = FRACTIONS.get(vendor, FRACTIONS["GenuineIntel"])
+    p = plan("SmolLM2-135M-Instruct", cpu, dtype="float32", context_len=256)
+    assert f"x {shares.bandwidth:.2f}) + " in p.formulas["TPOT"] and f"x {shares.decode_flops:.2f})" in p.formulas["TPOT"]
+    assert f"x {shares.prefill_flops:.2f})" in p.formulas["TTFT"]
+    exact = plan("SmolLM2-135M-Instruct", cpu, dtype="float32", context_len=256, **EXACT)
+    assert exact.tpot_s < p.tpot_s and "x 1.00) + " in exact.formulas["TPOT"]
+    assert FRACTIONS["AuthenticAMD"] != FRACTIONS["GenuineIntel"]
 
 
 # --- the plan against the engine on this machine ---------------------------------------------------------
@@ -168,7 +185,7 @@ def test_measured_device():
 def test_plan_predicts_the_engine_on_this_machine(llm):
     """TPOT of one request, TTFT of a 512-token prompt and tokens/s of 16 requests, each predicted from ceilings
     measured right before it: medians of 3 rounds within 35% (about 20 s on 2 cores)."""
-    from course_lib.planner.validate import core_speedup, validate
+    from course_lib.planner.validate import STEADY_BANDWIDTH, core_speedup, validate
 
     def skip_if_cores_are_busy(speedup: float) -> None:
         if torch.get_num_threads() > 1 and speedup < 1.5:  # the engine would be timed 10-20x slower than alone
@@ -177,8 +194,11 @@ def test_plan_predicts_the_engine_on_this_machine(llm):
 
     skip_if_cores_are_busy(core_speedup())
     table = validate(llm, rounds=3)
-    print("\n" + table[["unit", "predicted", "measured", "ratio"]].round(2).to_string())
+    print("\n" + table[["unit", "predicted", "measured", "ratio", "bandwidth"]].round(2).to_string())
     skip_if_cores_are_busy(table.attrs["core_speedup"])
+    if table.attrs["bandwidth_spread"] > STEADY_BANDWIDTH:
+        pytest.skip(f"the host's memory traffic changed during the run: the fastest copy was "
+                    f"{table.attrs['bandwidth_spread']:.2f}x the slowest (see course_lib.planner.validate)")
     assert len(table) == 3
     assert ((table["ratio"] > 0.65) & (table["ratio"] < 1.35)).all(), table
 

@@ -14,10 +14,11 @@
     validate   the plan against the engine on this machine (predicted vs measured), calibrate
 """
 from .devices import DEVICES, THIS_MACHINE, DeviceSpec, find_device
-from .estimate import (BANDWIDTH_FRACTION, DECODE_FLOPS_FRACTION, MEMORY_UTILIZATION, PREFILL_FLOPS_FRACTION, Plan,
-                       WeightMemory, plan, weight_memory)
+from .estimate import (BANDWIDTH_FRACTION, DECODE_FLOPS_FRACTION, FRACTIONS, MEMORY_UTILIZATION,
+                       PREFILL_FLOPS_FRACTION, Fractions, Plan, WeightMemory, default_fractions, plan, weight_memory)
 from .presets import DEFAULT_MODEL, PRESETS, load_config
 
 __all__ = ["DEVICES", "THIS_MACHINE", "DeviceSpec", "find_device", "BANDWIDTH_FRACTION", "PREFILL_FLOPS_FRACTION",
-           "DECODE_FLOPS_FRACTION", "MEMORY_UTILIZATION", "Plan", "WeightMemory", "plan", "weight_memory",
+           "DECODE_FLOPS_FRACTION", "FRACTIONS", "Fractions", "default_fractions", "MEMORY_UTILIZATION", "Plan",
+           "WeightMemory", "plan", "weight_memory",
            "DEFAULT_MODEL", "PRESETS", "load_config"]

@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=4096, help="tokens each user holds (prompt + answer)")
     ap.add_argument("--users", type=int, default=1, help="concurrent users (requests decoding together)")
     ap.add_argument("--prompt", type=int, default=None, help="prompt tokens for TTFT (default: --context)")
-    ap.add_argument("--bandwidth-fraction", type=float, default=BANDWIDTH_FRACTION)
-    ap.add_argument("--prefill-flops-fraction", type=float, default=PREFILL_FLOPS_FRACTION)
-    ap.add_argument("--decode-flops-fraction", type=float, default=DECODE_FLOPS_FRACTION)
+    for flag, intel in (("bandwidth", BANDWIDTH_FRACTION), ("prefill-flops", PREFILL_FLOPS_FRACTION),
+                        ("decode-flops", DECODE_FLOPS_FRACTION)):
+        ap.add_argument(f"--{flag}-fraction", type=float, default=None,
+                        help=f"share of the ceiling the engine reaches (default: measured for the CPU's maker; {intel})")
     ap.add_argument("--memory-utilization", type=float, default=MEMORY_UTILIZATION)
     ap.add_argument("--list", action="store_true", help="list the preset models and devices, then exit")
     args = ap.parse_args(argv)

@@ -28,6 +28,7 @@ class DeviceSpec:
     flops: dict[str, float]  # dense FLOP/s of a matmul, by dtype name ("bfloat16", "float16", "float32")
     source: str  # datasheet URL, or how it was measured
     kind: str = "gpu"  # "gpu" or "cpu": decides the INT4 layout (`QuantLinear`'s backend) the engine would use
+    vendor: str | None = None  # a measured CPU's maker ("GenuineIntel", "AuthenticAMD"): picks `plan`'s fractions
 
     def __post_init__(self) -> None:
         for field in ("memory_bytes", "bandwidth"):
@@ -61,6 +62,7 @@ class DeviceSpec:
         import psutil
 
         from ..chapter import processor_name
+        from ..cpp_build import cpu_vendor
         from ..profiling.roofline import measure_bandwidth, measure_matmul_flops
 
         dev = resolve_device(device)
@@ -74,7 +76,7 @@ class DeviceSpec:
         threads = f", {torch.get_num_threads()} threads" if dev.type == "cpu" else ""
         return cls(f"{THIS_MACHINE} ({processor_name(dev)}{threads})", memory, bandwidth, flops,
                    "measured by DeviceSpec.measure(): a copy's bytes/s and a matmul's FLOP/s, best of "
-                   f"{repeats} (course_lib.profiling.roofline)", kind)
+                   f"{repeats} (course_lib.profiling.roofline)", kind, cpu_vendor() if kind == "cpu" else None)
 
 
 def _gpu(name: str, memory_gib: float, bandwidth_gb_s: float, tflops: dict[str, float], source: str) -> DeviceSpec:

@@ -40,16 +40,37 @@ from .devices import DeviceSpec, find_device
 from .presets import load_config
 
 # The shares of this machine's measured ceilings (`DeviceSpec.measure()`) that the engine reached, from
-# `validate.calibrate(LLM())` on a 2-core Intel Xeon (AVX-512, 2.6 GHz), torch 2.13, float32, the reference
-# engine (`LLM()`'s default): the medians of four sessions of 5 rounds, two while other programs ran on the host
-# (copy 24-26 GB/s, matmul 320-350 GFLOP/s): (0.505, 0.702, 0.292), (0.518, 0.688, 0.292), and two on a quiet
-# one (27-28 GB/s, 380-395 GFLOP/s): (0.605, 0.770, 0.349), (0.618, 0.713, 0.343). The engine's small steps gain
-# more from a quiet host than a copy or a big matmul do, hence the spread. On a datasheet device the same shares
-# multiply the datasheet's peaks, which a copy or a matmul on that card does not quite reach either: pass
-# fractions measured on the card when you have them.
-BANDWIDTH_FRACTION = 0.56  # a batch-1 decode step streams its weights at about half a large copy's bytes/s
-PREFILL_FLOPS_FRACTION = 0.71  # a 512-token prefill: matmuls 512 rows tall
-DECODE_FLOPS_FRACTION = 0.32  # a 16-request decode step: matmuls 16 rows tall
+# `validate.calibrate(LLM())`: torch 2.13, float32, the reference engine (`LLM()`'s default). They belong to the
+# CPU's maker, because the engine's float32 `F.linear` is MKL's, and MKL runs different code on each:
+#  - a 2-core Intel Xeon (AVX-512, 2.6 GHz): the medians of four sessions of 5 rounds, two while other programs
+#    ran on the host (copy 24-26 GB/s, matmul 320-350 GFLOP/s): (0.505, 0.702, 0.292), (0.518, 0.688, 0.292), and
+#    two on a quiet one (27-28 GB/s, 380-395 GFLOP/s): (0.605, 0.770, 0.349), (0.618, 0.713, 0.343). The engine's
+#    small steps gain more from a quiet host than a copy or a big matmul do, hence the spread.
+#  - 2-core AMD EPYCs (Zen 5, no AMX; copy 29-49 GB/s, matmul 145-210 GFLOP/s), three hosts: medians of 3 rounds
+#    (0.245, 0.832, 0.624), (0.251, 0.890, 0.746), (0.295, 0.841, 0.400), (0.255, 0.912, 0.845) on one,
+#    (0.32, 0.92, 0.98) on another, and CI's failing checks with the Intel shares put the bandwidth share at
+#    0.32-0.35 on a third. MKL's one-row product there is slow code, not memory: a batch-1 step reads its weights
+#    at ~1/4-1/3 of a copy's bytes/s, while 16-row steps and prefills run near the matmul ceiling. The bandwidth
+#    share is set between the hosts (0.30), the others at the medians.
+# On a datasheet device (or a CPU of another maker) the Intel shares multiply the datasheet's peaks, which a
+# copy or a matmul on that card does not quite reach either: pass fractions measured on the card when you have them.
+class Fractions(NamedTuple):
+    """Shares of the measured ceilings the engine reaches: `plan`'s three fractions."""
+
+    bandwidth: float  # a batch-1 decode step streams its weights at this share of a large copy's bytes/s
+    prefill_flops: float  # a 512-token prefill: matmuls 512 rows tall
+    decode_flops: float  # a 16-request decode step: matmuls 16 rows tall
+
+
+FRACTIONS = {"GenuineIntel": Fractions(0.56, 0.71, 0.32), "AuthenticAMD": Fractions(0.30, 0.89, 0.75)}
+BANDWIDTH_FRACTION, PREFILL_FLOPS_FRACTION, DECODE_FLOPS_FRACTION = FRACTIONS["GenuineIntel"]  # the general default
+
+
+def default_fractions(device: DeviceSpec) -> Fractions:
+    """The fractions measured on `device`'s CPU maker (`DeviceSpec.vendor`), else the Intel ones."""
+    return FRACTIONS.get(device.vendor or "", FRACTIONS["GenuineIntel"])
+
+
 MEMORY_UTILIZATION = 0.9  # vLLM's default gpu_memory_utilization: 10% left for the CUDA context, allocator, ...
 WEIGHT_BITS = {None: None, 8: "int8", 4: "int4"}  # weight_bits -> `QuantLinear` method (None: not quantized)
 
@@ -184,8 +205,8 @@ def weight_memory(config: ModelConfig, dtype: torch.dtype | str = torch.bfloat16
 def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpec | str,
          dtype: torch.dtype | str | None = None, weight_bits: int | None = None, context_len: int = 4096,
          concurrency: int = 1, prompt_len: int | None = None, group_size: int = 32,
-         bandwidth_fraction: float = BANDWIDTH_FRACTION, prefill_flops_fraction: float = PREFILL_FLOPS_FRACTION,
-         decode_flops_fraction: float = DECODE_FLOPS_FRACTION, memory_utilization: float = MEMORY_UTILIZATION
+         bandwidth_fraction: float | None = None, prefill_flops_fraction: float | None = None,
+         decode_flops_fraction: float | None = None, memory_utilization: float = MEMORY_UTILIZATION
          ) -> Plan:
     """Plan serving `config` on `device` for `concurrency` users holding `context_len` tokens each.
 
@@ -193,8 +214,13 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
     `DeviceSpec` or a name in `DEVICES` (`find_device`). dtype: of the activations, the KV cache and every
     weight that is not quantized (default: the device's, as the engine's policy picks: float16 on a T4). weight_bits: None (= dtype), 8 or 4 (groups of `group_size`).
     prompt_len: the prompt TTFT is computed for (default: `context_len`, a prompt that fills the context).
+    The three fractions default to `default_fractions(device)`.
     """
     cfg, dev = load_config(config), find_device(device)
+    shares = default_fractions(dev)
+    bandwidth_fraction = shares.bandwidth if bandwidth_fraction is None else bandwidth_fraction
+    prefill_flops_fraction = shares.prefill_flops if prefill_flops_fraction is None else prefill_flops_fraction
+    decode_flops_fraction = shares.decode_flops if decode_flops_fraction is None else decode_flops_fraction
     prompt_len = context_len if prompt_len is None else prompt_len
     for name, value in (("context_len", context_len), ("concurrency", concurrency), ("prompt_len", prompt_len),
                         ("group_size", group_size)):
