@@ -19,7 +19,8 @@ Peers: `transformers` `generate` in float32 and bfloat16 on the same device; lla
 rows keep everything that is not a quantized linear layer in bfloat16.
 All systems of one precision are loaded at once and take turns: each round runs every one of them once
 (`rounds`), so a machine whose speed drifts slows them alike. Figures are medians of the rounds after a
-warm-up round (`Workload.repeats`; one for the batches). Each ratio is engine / peer (higher is better).
+warm-up round (`Workload.repeats`, the batches too: with one round, transformers' 16-request bfloat16
+figure moved 196-319 tok/s between runs on a 2-core AMD EPYC). Each ratio is engine / peer (higher is better).
 """
 from __future__ import annotations
 
@@ -271,7 +272,7 @@ def measure_systems(systems: list, precision: str, work: Workload, tok, config, 
         prompts = [synthetic_prompt_ids(tok, 48 + (i * 37) % 80, tag=100 + i) for i in range(c)]
         for kind in work.output_kinds:
             lengths = output_lengths(c, kind, work.uniform_output)
-            measured = rounds(batching, lambda s: timed(s.batch, prompts, lengths), max(1, work.repeats - 2))
+            measured = rounds(batching, lambda s: timed(s.batch, prompts, lengths), work.repeats)
             for name, times in measured.items():
                 sec = statistics.median(times)
                 results.append(Result(name, label[name], f"throughput_{c}_{kind}", sum(lengths) / sec, "tok/s", {
