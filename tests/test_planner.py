@@ -196,11 +196,13 @@ def test_plan_predicts_the_engine_on_this_machine(llm):
     table = validate(llm, rounds=3)
     print("\n" + table[["unit", "predicted", "measured", "ratio", "bandwidth"]].round(2).to_string())
     skip_if_cores_are_busy(table.attrs["core_speedup"])
-    if table.attrs["bandwidth_spread"] > STEADY_BANDWIDTH:
-        pytest.skip(f"the host's memory traffic changed during the run: the fastest copy was "
-                    f"{table.attrs['bandwidth_spread']:.2f}x the slowest (see course_lib.planner.validate)")
     assert len(table) == 3
-    assert ((table["ratio"] > 0.65) & (table["ratio"] < 1.35)).all(), table
+    within = (table["ratio"] > 0.65) & (table["ratio"] < 1.35)
+    assert within[table.index.str.startswith("TTFT")].all(), table  # matmuls: the copy's share of it is ~10%
+    if table.attrs["bandwidth_spread"] > STEADY_BANDWIDTH:
+        pytest.skip(f"TTFT checked; not TPOT and 16 requests: the host's memory traffic changed during the run, the "
+                    f"fastest copy {table.attrs['bandwidth_spread']:.2f}x the slowest (see course_lib.planner.validate)")
+    assert within.all(), table
 
 
 # --- the CLI and the widget ---------------------------------------------------------------------------------
