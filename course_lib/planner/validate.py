@@ -14,14 +14,15 @@ together, so predicted / measured is steadier than either; `rounds` repeats the 
 What no ratio survives is another program holding one of the CPU's cores: a copy or a big matmul then runs
 about half as fast, but the engine's many small multi-threaded ops wait at every barrier for the thread that is
 not running, and a decode step was measured 10-20x slower. `core_speedup` (all threads against one, on a
-matmul) tells the two cases apart; `validate` records it before and after, and the test skips below 1.5.
+matmul) tells the two cases apart; `validate` records it before and after, and `judged` leaves every figure
+out below 1.5.
 
 Nor does one when the engine's speed does not follow the copy's. On 2-core AMD EPYCs the host's memory traffic
 moved a copy between ~30 and ~50 GB/s from one second to the next, while the reference engine's batch-1 step
 held still: MKL's one-row float32 product there runs on one thread at ~10 GB/s, limited by that core, not by the
 memory system (the same 425 MB of weights took 40 ms on one thread or two). A round measured in the fast spell
 predicts 1.5x too fast. `validate` records the spread of the copies it measured ("bandwidth_spread", fastest over
-slowest); above `STEADY_BANDWIDTH` the test checks TTFT alone (a prefill is matmuls, the copy ~10% of it).
+slowest); above `STEADY_BANDWIDTH`, `judged` keeps TTFT alone (a prefill is matmuls, the copy ~10% of it).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from .estimate import plan, weight_memory
 
 SHORT_PROMPT = 32  # tokens: the prompt of the decode measurements (the chat template alone is 30)
 STEADY_BANDWIDTH = 1.35  # the largest fastest/slowest copy within one `validate` that the check trusts
+BUSY_CORES = 1.5  # below this `core_speedup`, another program held a core during the run
 
 
 def _generate(llm, prompts: list[list[int]], tokens: int):
@@ -133,6 +135,21 @@ def validate(llm, rounds: int = 3, **kwargs) -> pd.DataFrame:
     table.attrs["core_speedup"] = min(speedup, core_speedup(llm.model.device))
     table.attrs["bandwidth_spread"] = runs["bandwidth"].max() / runs["bandwidth"].min()
     return table
+
+
+def judged(table: pd.DataFrame) -> tuple[pd.Series, str]:
+    """The ratios of a `validate` table that its run lets one judge, and why the others were left out ("" when
+    none was): none when another program held a core, TTFT alone when the copies moved more than
+    `STEADY_BANDWIDTH` (the test and chapter 09 both check what this returns)."""
+    speedup, spread = table.attrs["core_speedup"], table.attrs["bandwidth_spread"]
+    if torch.get_num_threads() > 1 and speedup < BUSY_CORES:
+        return table.ratio.iloc[:0], (f"another program held a core: {torch.get_num_threads()} threads ran a matmul "
+                                      f"only {speedup:.2f}x as fast as one, and the engine's timings measured it too")
+    if spread > STEADY_BANDWIDTH:
+        return table.ratio[table.index.str.startswith("TTFT")], (
+            f"the host's memory traffic changed during the run (the fastest copy {spread:.2f}x the slowest) and "
+            f"this engine's decode steps did not follow it: TPOT and tokens/s not judged")
+    return table.ratio, ""
 
 
 def calibrate(llm, rounds: int = 3, prompt_tokens: int = 512, concurrency: int = 16, decode_tokens: int = 24,
