@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer()
     if args.cpu:
         work = Workload(decode_tokens=16, prompt_tokens=64, concurrency=(32, 128), uniform_output=8, repeats=1,
-                        output_kinds=("uniform",))
+                        ttft_repeats=1, output_kinds=("uniform",))
     else:
         work = Workload(decode_tokens=64, prompt_tokens=512, concurrency=(32, 128), uniform_output=128, repeats=3,
                         output_kinds=("uniform",))

@@ -207,6 +207,19 @@ def test_cpp_kernel_takes_views_and_int64_tables():
         torch.testing.assert_close(attend(q_view, k, v, bt.long(), (cl - 1).long(), k_new, v_new), want, rtol=0, atol=0)
 
 
+@needs_cpp
+def test_cpp_kernel_refuses_context_lengths_it_cannot_attend():
+    """A sequence with nothing to attend to (0 tokens, no new one) would divide by a zero sum; one longer than
+    its block table would read memory past it. Both are refused with the sequence named, not computed."""
+    q, k, v, bt, cl = random_decode_case("cpu", context_lens=(5, 3))
+    for bad in ([5, 0], [5, bt.shape[1] * k.shape[1] + 1], [-1, 3]):
+        with pytest.raises(RuntimeError, match=r"context_lens\[\d\] = "):
+            cpu_paged.cpu_paged_decode_attention(q, k, v, bt, torch.tensor(bad, dtype=torch.int32))
+    k_new, v_new = torch.randn(2, 2, k.shape[2], k.shape[3])
+    out = cpu_paged.cpu_paged_decode_attention(q, k, v, bt, torch.tensor([5, 0]), k_new, v_new)  # 0 cached + 1 new
+    torch.testing.assert_close(out[1], v_new[1].repeat_interleave(q.shape[1] // k.shape[2], 0))
+
+
 def test_cpp_kernel_is_for_the_cpu_only():
     assert not cpu_paged.available("cuda") and not cpu_paged.available("meta")
 

@@ -227,6 +227,13 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
       TORCH_CHECK(t.scalar_type() == q.scalar_type() && t.dim() == 3 && t.size(0) == num_seqs &&
                   t.size(1) == kv_heads && t.size(2) == head_dim, "k_new and v_new must be [num_seqs, kv_heads, head_dim]");
   }
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == num_seqs && context_lens.numel() == num_seqs,
+              "block_tables must be [num_seqs, max_blocks] and context_lens [num_seqs]");
+  const int64_t least = k_new.has_value() ? 0 : 1, most = block_tables.size(1) * block_size;
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  for (int64_t i = 0; i < num_seqs; ++i)  // else the kernel would divide by a zero sum, or read past a table
+    TORCH_CHECK(lens[i] >= least && lens[i] <= most, "context_lens[", i, "] = ", lens[i], ": each must be in [",
+                least, ", ", most, "] (at least one token to attend to; at most what its block table holds)");
   auto out = torch::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     auto run = [&](auto kernel) {
