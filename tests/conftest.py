@@ -18,12 +18,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    from course_lib.cpp_build import toolchain_available
+
+    skips = {"cuda": None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU"),
+             "needs_cpp": None if toolchain_available() else pytest.mark.skip(reason="no C++ compiler or ninja here")}
     for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if skip is not None and marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

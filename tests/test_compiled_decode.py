@@ -15,15 +15,11 @@ from course_lib.attention.paged import (
     store_kvcache,
 )
 from course_lib.config import ModelConfig
-from course_lib.cpp_build import toolchain_available
 from course_lib.engine.llm_engine import EngineConfig, LLMEngine
 from course_lib.engine.compiled_decode import decode_attention, decode_step
 from course_lib.fast_path import use_fast_path
 from course_lib.model import Transformer
 from course_lib.sampling import SamplingParams
-
-
-needs_cpp = pytest.mark.skipif(not toolchain_available(), reason="no C++ compiler or ninja here")
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2)])
@@ -59,9 +55,7 @@ def tiny_model(dtype=torch.float32) -> Transformer:
     return model
 
 
-
-
-@pytest.mark.parametrize("use_cpp", [False, pytest.param(True, marks=needs_cpp)])
+@pytest.mark.parametrize("use_cpp", [False, pytest.param(True, marks=pytest.mark.needs_cpp)])
 def test_uncompiled_decode_step_matches_paged_forward(use_cpp):
     """The function that gets compiled, run eagerly, gives the engine's eager logits and K/V."""
     model = use_fast_path(tiny_model(torch.float64))
@@ -84,7 +78,7 @@ def test_uncompiled_decode_step_matches_paged_forward(use_cpp):
     torch.testing.assert_close(new_v, eager_cache.v_cache.view(2, -1, 2, 16)[:, slots])
 
 
-@pytest.mark.parametrize("cpp", [False, pytest.param(True, marks=needs_cpp)])
+@pytest.mark.parametrize("cpp", [False, pytest.param(True, marks=pytest.mark.needs_cpp)])
 def test_compiled_engine_greedy_equals_eager_engine(tokenizer, cpp):
     """torch.compile for real (a tiny model: ~1 minute on 2 cores): the same greedy tokens, the cache
     left as eager leaves it, and the compile time reported."""

@@ -265,9 +265,6 @@ def test_bfloat16_engine_packs_and_keeps_its_greedy_tokens():
     assert [o.outputs[0].token_ids for o in fast.generate(prompts, params)] == want
 
 
-needs_cpp = pytest.mark.skipif(not toolchain_available(), reason="no C++ compiler or ninja here")
-
-
 def needs_gemv():
     """Skip where the one-row kernel does not run (no AVX512-BF16); fail where it does not build."""
     assert load_cpu_extension("gemv_cpu", GEMV_SOURCE) is not None  # a toolchain is here: it must build
@@ -275,7 +272,7 @@ def needs_gemv():
         pytest.skip("this CPU has no AVX512-BF16: the engine keeps oneDNN for one row")
 
 
-@needs_cpp
+@pytest.mark.needs_cpp
 def test_gemv_kernel_matches_linear():
     needs_gemv()
     kernel = gemv_kernel()
@@ -291,7 +288,7 @@ def test_gemv_kernel_matches_linear():
         kernel.gemv(torch.randn(1, 64), torch.randn(8, 64))
 
 
-@needs_cpp
+@pytest.mark.needs_cpp
 @needs_bf16_packing
 @pytest.mark.parametrize("bias", [False, True])
 def test_one_row_layers_match_their_packed_and_plain_twins(bias):
@@ -312,7 +309,7 @@ def test_one_row_layers_match_their_packed_and_plain_twins(bias):
             torch.testing.assert_close(f(x), linear(x), rtol=1.6e-2, atol=1e-2)
 
 
-@needs_cpp
+@pytest.mark.needs_cpp
 @needs_bf16_packing
 @pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
 def test_pack_linears_in_bfloat16_keeps_plain_weights_for_one_row(monkeypatch, vendor):

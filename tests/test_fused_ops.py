@@ -4,10 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from course_lib import fused_ops
-from course_lib.cpp_build import toolchain_available
 from course_lib.model import RMSNorm, apply_rope
 
-needs_cpp = pytest.mark.skipif(not toolchain_available(), reason="needs a C++ compiler and ninja")
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -20,7 +18,7 @@ def close(actual, expected, dtype):
         assert (actual != expected).float().mean() < 0.01  # nearly all bit-identical
 
 
-@needs_cpp
+@pytest.mark.needs_cpp
 def test_the_kernel_builds_here():
     assert fused_ops.kernel() is not None
     assert fused_ops.cpp_kernel(torch.zeros(2)) is not None
@@ -28,7 +26,7 @@ def test_the_kernel_builds_here():
     assert fused_ops.cpp_kernel(torch.zeros(2, dtype=torch.float64)) is None
 
 
-@needs_cpp
+@pytest.mark.needs_cpp
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 7, 300])
 def test_rms_norm_and_add_rms_norm(dtype, rows):
@@ -41,7 +39,7 @@ def test_rms_norm_and_add_rms_norm(dtype, rows):
     close(h, fused_ops.reference_rms_norm(x + y, w, 1e-5), dtype)
 
 
-@needs_cpp
+@pytest.mark.needs_cpp
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_rotates_q_and_k_heads_in_place_and_leaves_v(dtype):
     heads, kv_heads, head_dim, T = 9, 3, 64, 40
@@ -58,7 +56,7 @@ def test_rope_rotates_q_and_k_heads_in_place_and_leaves_v(dtype):
     assert torch.equal(out.view_as(expected)[:, :, heads + kv_heads:], expected[:, :, heads + kv_heads:])
 
 
-@needs_cpp
+@pytest.mark.needs_cpp
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_mul(dtype):
     gate_up = (torch.randn(1, 33, 2 * 1536, generator=torch.Generator().manual_seed(1)) * 4).to(dtype)

@@ -20,13 +20,9 @@ from course_lib.attention.paged import (
     store_kvcache,
 )
 from course_lib.config import ModelConfig
-from course_lib.cpp_build import toolchain_available
 from course_lib.model import Transformer
 
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 8  # GQA: 3 query heads per KV head
-
-
-needs_cpp = pytest.mark.skipif(not toolchain_available(), reason="no C++ compiler or ninja here")
 
 
 def tiny_config(**kw) -> ModelConfig:
@@ -156,16 +152,14 @@ TRITON_CASES = [dict(), dict(heads=4, kv_heads=4), dict(heads=8, kv_heads=1, hea
                 context_lens=(3, 40, 17)), dict(heads=6, kv_heads=2, head_dim=12, block_size=3, context_lens=(7, 1, 9))]
 
 
-
-
-@needs_cpp
+@pytest.mark.needs_cpp
 def test_cpp_kernel_builds_where_a_toolchain_exists():
     """With a compiler and ninja the kernel must build: otherwise the engine would fall back quietly and the
     use_cpp tests would compare PyTorch with itself."""
     assert cpu_paged.available("cpu")
 
 
-@needs_cpp
+@pytest.mark.needs_cpp
 @pytest.mark.parametrize("case", TRITON_CASES + [dict(heads=9, kv_heads=3, head_dim=64, context_lens=(5, 70, 33)),
                                                  dict(heads=8, kv_heads=2, head_dim=128, context_lens=(40, 1))])
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -177,7 +171,7 @@ def test_cpp_decode_kernel_matches_torch(case, dtype, atol):
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
 
 
-@needs_cpp
+@pytest.mark.needs_cpp
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_cpp_kernel_new_token_equals_storing_it_first(dtype, atol):
     """k_new/v_new (the compiled step's token, not yet in the cache) on the vector path (head_dim 64), with
@@ -193,7 +187,7 @@ def test_cpp_kernel_new_token_equals_storing_it_first(dtype, atol):
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
 
 
-@needs_cpp
+@pytest.mark.needs_cpp
 def test_cpp_kernel_takes_views_and_int64_tables():
     """A compiled graph calls the operator with q and the new K/V as views of the qkv matmul's output, and
     callers may pass int64 tables: the kernel makes them contiguous int32 itself, with the same result."""
@@ -207,7 +201,7 @@ def test_cpp_kernel_takes_views_and_int64_tables():
         torch.testing.assert_close(attend(q_view, k, v, bt.long(), (cl - 1).long(), k_new, v_new), want, rtol=0, atol=0)
 
 
-@needs_cpp
+@pytest.mark.needs_cpp
 def test_cpp_kernel_refuses_context_lengths_it_cannot_attend():
     """A sequence with nothing to attend to (0 tokens, no new one) would divide by a zero sum; one longer than
     its block table would read memory past it. Both are refused with the sequence named, not computed."""
@@ -224,7 +218,7 @@ def test_cpp_kernel_is_for_the_cpu_only():
     assert not cpu_paged.available("cuda") and not cpu_paged.available("meta")
 
 
-@needs_cpp
+@pytest.mark.needs_cpp
 def test_cpp_kernel_in_the_backend_decode_and_mixed_steps():
     for seqs in ([(5, 1), (17, 1), (2, 1)], [(7, 7), (13, 5), (10, 1), (1, 1), (9, 4)]):  # decode only; mixed
         out, expected, *_ = run_layer(seqs, use_cpp=True)

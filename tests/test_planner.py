@@ -215,6 +215,39 @@ def test_judged_leaves_out_what_the_run_cannot_tell(speedup, spread, kept, monke
     assert kept != 1 or list(ratios.index) == ["TTFT, 512-token prompt"]
 
 
+def test_calibrate_recovers_the_fractions_the_times_were_made_with(monkeypatch):
+    """`calibrate` solves the planner's time model for the three fractions: fed step times that `plan` itself
+    predicts with known fractions (and ceilings that change from step to step, as a shared machine's do), it
+    must give those fractions back. A term in `plan` that calibrate's equations lack would show here."""
+    from types import SimpleNamespace
+
+    from course_lib.planner import validate as val
+
+    truth = dict(bandwidth_fraction=0.37, prefill_flops_fraction=0.81, decode_flops_fraction=0.55)
+    cfg = load_config("SmolLM2-135M-Instruct")
+    llm = SimpleNamespace(model=SimpleNamespace(config=cfg, device=torch.device("cpu"), dtype=torch.bfloat16))
+    specs = iter(DeviceSpec("cpu", 16 * GiB, bw, {"bfloat16": fl}, "test", "cpu")
+                 for bw, fl in [(30e9, 3e11), (45e9, 2.5e11), (38e9, 3.6e11)] * 3)  # 3 rounds of 3 steps
+    current = {}
+
+    def measured_spec(*args, **kwargs):
+        current["spec"] = next(specs)
+        return current["spec"]
+
+    def steps(llm, prompt_tokens, concurrency, decode_tokens, tag):  # the real steps, timed by the plan itself
+        return [(figure, unit, args, predicted,
+                 lambda args=args, predicted=predicted: predicted(plan(cfg, current["spec"], dtype="bfloat16",
+                                                                       **args, **truth)), to_unit)
+                for figure, unit, args, predicted, _, to_unit in real_steps(llm, prompt_tokens, concurrency,
+                                                                            decode_tokens, tag)]
+
+    real_steps = val._steps
+    monkeypatch.setattr(val, "_steps", steps)
+    monkeypatch.setattr(val.DeviceSpec, "measure", measured_spec)
+    got = val.calibrate(llm, rounds=3)
+    assert got == pytest.approx(tuple(truth.values()), rel=1e-6)
+
+
 # --- the CLI and the widget ---------------------------------------------------------------------------------
 
 def test_cli_prints_the_plan(capsys):
