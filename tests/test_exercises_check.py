@@ -23,3 +23,23 @@ def test_right_wrong_unreadable_and_stub(capsys):
 
     assert not run_checks("demo", stub, CASES)
     assert "not attempted" in capsys.readouterr().out
+
+
+def test_a_timed_case_may_miss_once_but_a_mistake_misses_every_attempt(capsys):
+    """`attempts`: a correct answer that one noisy run pushed out of tolerance passes on the next run; a wrong one
+    is called as many times as allowed and still fails, with its reason."""
+    calls = []
+
+    def noisy_then_right():
+        calls.append(1)
+        return 4 if len(calls) == 1 else 3
+
+    timed = [Case("returns three", (), _equals_three, attempts=3)]
+    assert run_checks("demo", noisy_then_right, timed) and len(calls) == 2
+    assert "✓ returns three" in capsys.readouterr().out
+    calls.clear()
+    assert not run_checks("demo", lambda: calls.append(1) or 4, timed) and len(calls) == 3
+    out = capsys.readouterr().out  # (pytest adds its own lines to the message of an assert in a test file)
+    assert "✗ returns three: expected 3, got 4" in out and "(in each of 3 attempts)" in out
+    calls.clear()
+    assert not run_checks("demo", noisy_then_right, CASES) and len(calls) == 1  # one attempt unless asked

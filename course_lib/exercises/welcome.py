@@ -209,7 +209,7 @@ def _stand_in_case(base_ms: float, per_token_ms: float, lengths: list[int], what
             f"twice_at should be {_first_at_least(lengths, want)} on this stand-in"
 
     return Case(f"stand-in model, a forward pass costs {base_ms:g} ms + {per_token_ms:g} ms per token ({what}), "
-                f"lengths {lengths}", (model, lengths), verify)
+                f"lengths {lengths}", (model, lengths), verify, attempts=3)
 
 
 def check_prefill_vs_decode(fn: Callable[[Any, list[int]], tuple[list[float], int | None]], llm: Any) -> bool:
