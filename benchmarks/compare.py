@@ -20,8 +20,8 @@ rows keep everything that is not a quantized linear layer in bfloat16.
 All systems of one precision are loaded at once and take turns: each round runs every one of them once
 (`rounds`), so a machine whose speed drifts slows them alike. Figures are medians of the rounds after a
 warm-up round (`Workload.repeats`, the batches too: with one round, transformers' 16-request bfloat16
-figure moved 196-319 tok/s between runs on a 2-core AMD EPYC; TTFT takes `Workload.ttft_repeats` rounds,
-as its rounds are short and one slow one moved a median of 3 by a third). Each ratio is engine / peer (higher is better).
+figure moved 196-319 tok/s between runs on a 2-core AMD EPYC; TTFT takes `Workload.ttft_repeats` rounds:
+they are short, and a median of 3 of them moved with the host's noise). Each ratio is engine / peer (higher is better).
 """
 from __future__ import annotations
 
@@ -263,9 +263,9 @@ def measure_systems(systems: list, precision: str, work: Workload, tok, config, 
 
     long = synthetic_prompt_ids(tok, work.prompt_tokens, tag=2)
     flops = sum(step_flops(config, new_tokens=work.prompt_tokens, logits_tokens=1).values())
-    # A TTFT round takes under a second, and one slow second moves a median of 3: on a 2-core AMD EPYC
-    # (Zen 4), 3 rounds gave the engine 597-901 ms, median 677 against transformers' 629 (0.93x); 10
-    # rounds in the same process gave 633 against 730 (1.15x). Hence more rounds for TTFT alone.
+    # A TTFT round takes under a second, and on a noisy host 3 of them are too few for a steady median: on a
+    # 2-core AMD EPYC (Zen 4), 3 rounds gave the engine 597-901 ms, median 677, against transformers' 592-716,
+    # median 629 (0.93x); 10 rounds in one process gave 633 against 730 (1.15x). More rounds cost seconds.
     for name, times in rounds(systems, lambda s: timed(s.ttft, long), max(work.repeats, work.ttft_repeats)).items():
         sec = statistics.median(times)
         results.append(Result(name, label[name], f"ttft_{work.prompt_tokens}_s", sec, "s", {
