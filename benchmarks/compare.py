@@ -266,7 +266,7 @@ def measure_systems(systems: list, precision: str, work: Workload, tok, config, 
     # A TTFT round takes under a second, and on a noisy host 3 of them are too few for a steady median: on a
     # 2-core AMD EPYC (Zen 4), 3 rounds gave the engine 597-901 ms, median 677, against transformers' 592-716,
     # median 629 (0.93x); 10 rounds in one process gave 633 against 730 (1.15x). More rounds cost seconds.
-    for name, times in rounds(systems, lambda s: timed(s.ttft, long), max(work.repeats, work.ttft_repeats)).items():
+    for name, times in rounds(systems, lambda s: timed(s.ttft, long), work.ttft_repeats).items():
         sec = statistics.median(times)
         results.append(Result(name, label[name], f"ttft_{work.prompt_tokens}_s", sec, "s", {
             "TFLOP/s": flops / sec / 1e12, "of_peak": flops / sec / ceilings.peak_flops,

@@ -6,6 +6,8 @@ import os
 import pytest
 import torch
 
+from course_lib.cpp_build import toolchain_available
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Property tests (hypothesis): a fixed set of examples by default, so CI is repeatable;
@@ -18,8 +20,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 def pytest_collection_modifyitems(config, items):
-    from course_lib.cpp_build import toolchain_available
-
     skips = {"cuda": None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU"),
              "needs_cpp": None if toolchain_available() else pytest.mark.skip(reason="no C++ compiler or ninja here")}
     for item in items:

@@ -137,14 +137,21 @@ def validate(llm, rounds: int = 3, **kwargs) -> pd.DataFrame:
     return table
 
 
+def busy_cores(speedup: float) -> str:
+    """Why a run with this `core_speedup` cannot be judged ("" when it can): another program held a core."""
+    if torch.get_num_threads() > 1 and speedup < BUSY_CORES:
+        return (f"another program held a core: {torch.get_num_threads()} threads ran a matmul only {speedup:.2f}x "
+                f"as fast as one, and the engine's timings measured it too")
+    return ""
+
+
 def judged(table: pd.DataFrame) -> tuple[pd.Series, str]:
     """The ratios of a `validate` table that its run lets one judge, and why the others were left out ("" when
-    none was): none when another program held a core, TTFT alone when the copies moved more than
-    `STEADY_BANDWIDTH` (the test and chapter 09 both check what this returns)."""
-    speedup, spread = table.attrs["core_speedup"], table.attrs["bandwidth_spread"]
-    if torch.get_num_threads() > 1 and speedup < BUSY_CORES:
-        return table.ratio.iloc[:0], (f"another program held a core: {torch.get_num_threads()} threads ran a matmul "
-                                      f"only {speedup:.2f}x as fast as one, and the engine's timings measured it too")
+    none was): none when another program held a core (`busy_cores`), TTFT alone when the copies moved more
+    than `STEADY_BANDWIDTH` (the test and chapter 09 both check what this returns)."""
+    spread = table.attrs["bandwidth_spread"]
+    if busy := busy_cores(table.attrs["core_speedup"]):
+        return table.ratio.iloc[:0], busy
     if spread > STEADY_BANDWIDTH:
         return table.ratio[table.index.str.startswith("TTFT")], (
             f"the host's memory traffic changed during the run (the fastest copy {spread:.2f}x the slowest) and "
