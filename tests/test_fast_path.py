@@ -124,23 +124,53 @@ def needs_sgemm():
     assert load_cpu_extension("sgemm_packed", SGEMM_SOURCE) is not None
 
 
+def panel_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the few-rows panels `SgemmPackedLinear` layers hold beside MKL's packing."""
+    return sum(m.panels.nbytes for m in model.modules() if isinstance(m, SgemmPackedLinear) and m.panels is not None)
+
+
 @pytest.mark.parametrize("bias", [False, True])
-def test_sgemm_packed_linear_matches_linear(bias):
+@pytest.mark.parametrize("features", [(64, 96), (37, 80), (64, 90)])  # (in, out): 6 panels, 5 panels, none
+def test_sgemm_packed_linear_matches_linear(bias, features):
     needs_sgemm()
     torch.manual_seed(0)
-    linear = torch.nn.Linear(64, 96, bias=bias)
+    linear = torch.nn.Linear(*features, bias=bias)
     packed = SgemmPackedLinear(linear)
-    assert weight_bytes(packed) == weight_bytes(linear)  # counted at the weight's size, not MKL's reservation
-    for shape in [(1, 64), (3, 64), (1, 16, 64), (2, 40, 64), (0, 64), (300, 64)]:  # one packing serves any rows
-        x = torch.randn(shape)
+    kernel = sgemm_kernel()
+    has_panels = kernel.has_panels and features[1] % 16 == 0
+    assert (packed.panels is not None) == has_panels
+    # counted at the weight's size, not MKL's reservation; the panels are the weight again
+    assert weight_bytes(packed) == weight_bytes(linear) + (linear.weight.nbytes if has_panels else 0)
+    # rows on both sides of the few-rows limit (32): 1 to 4 take 4 panels a task, more 2; one packing serves any rows
+    for shape in [(1, 64), (3, 64), (1, 16, 64), (5, 64), (13, 64), (32, 64), (33, 64), (2, 40, 64), (0, 64),
+                  (300, 64)]:
+        x = torch.randn(*shape[:-1], features[0])
         got = packed(x)
         assert got.shape == linear(x).shape and got.is_contiguous()
         torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)
+    if has_panels:  # the panels and MKL's packing alike, called directly: both paths are taken, not one twice
+        x = torch.randn(7, features[0])
+        by_panels = kernel.linear(x, packed.packed_weight, packed.panels, features[1])
+        by_mkl = kernel.linear(x, packed.packed_weight, None, features[1])
+        torch.testing.assert_close(by_panels, by_mkl, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(by_panels, x @ linear.weight.detach().T, rtol=1e-5, atol=1e-5)
+    if bias:
+        return  # compiled once per shape (a compile takes seconds)
     f = torch.compile(packed, dynamic=True, fullgraph=True)  # the operator course_lib::sgemm_linear traces
     with torch.inference_mode():
-        for shape in [(1, 64), (5, 64), (7, 64)]:
-            x = torch.randn(shape)
+        for rows in [1, 5, 7, 40]:
+            x = torch.randn(rows, features[0])
             torch.testing.assert_close(f(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_sgemm_panels_are_the_weight_cut_into_blocks_of_16_outputs():
+    needs_sgemm()
+    w = torch.arange(32 * 3, dtype=torch.float32).view(32, 3)  # [out, in]
+    panels = sgemm_kernel().pack_panels(w)
+    assert panels.shape == (2, 3, 16)
+    assert panels[1, 2, 5] == w[16 + 5, 2] and panels[0, 0, 15] == w[15, 0]
+    with pytest.raises(RuntimeError, match="n % 16"):
+        sgemm_kernel().pack_panels(torch.zeros(20, 3))
 
 
 def test_float32_layers_become_sgemm_packed_the_lm_head_included(monkeypatch):
@@ -153,7 +183,9 @@ def test_float32_layers_become_sgemm_packed_the_lm_head_included(monkeypatch):
     layers = [m for m in model.modules() if isinstance(m, SgemmPackedLinear)]
     assert len(layers) == 4 * 3 + 1 and isinstance(model.lm_head, SgemmPackedLinear)
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
-    assert weight_bytes(model) == size  # the packed weights replace the plain ones (this lm_head is untied)
+    # the packed weights replace the plain ones (this lm_head is untied); the few-rows panels are held beside them
+    assert weight_bytes(model) == size + panel_bytes(model)
+    assert weights_read(model) == size - model.embed_tokens.weight.nbytes  # a step reads one of the two
     torch.testing.assert_close(model(ids), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(model(ids[:, :1]), want[:, :1], rtol=1e-5, atol=1e-5)
 
@@ -168,7 +200,7 @@ def test_a_packed_tied_lm_head_holds_a_copy_and_a_step_reads_one_table(monkeypat
     held, read = weight_bytes(model), weights_read(model)
     assert read == held  # the head multiplies by the table itself
     pack_linears(model)
-    assert weight_bytes(model) == held + table  # the packed head is a copy; the embedding keeps the table
+    assert weight_bytes(model) == held + table + panel_bytes(model)  # the packed head is a copy; the embedding keeps the table
     assert weights_read(model) == read  # a step reads the copy and gathers rows of the table
 
 

@@ -161,8 +161,8 @@ def measure_decode(model: torch.nn.Module, context_len: int = 512, batch: int = 
 def weights_read(model: torch.nn.Module) -> int:
     """Bytes of weights a step reads: all of them, less the input embedding table (only rows are gathered)
     unless the lm_head multiplies by that very table (tied, not packed into a copy of its own), and less
-    the plain twin of a weight also held packed (`PackedLinear(keep_weight=True)`, `AmxLinear`: a step
-    reads one of them)."""
+    the plain twin of a weight also held packed (`PackedLinear(keep_weight=True)`, `AmxLinear`, the panels of
+    `SgemmPackedLinear`: a step reads one of them)."""
     total = weight_bytes(model)
     emb = model.embed_tokens.weight
     head = model.lm_head
@@ -173,7 +173,10 @@ def weights_read(model: torch.nn.Module) -> int:
         if isinstance(packed, torch.Tensor) and packed.is_mkldnn and plain is not None \
                 and plain.data_ptr() != emb.data_ptr():  # a tied head's plain twin is the table, left out above
             total -= plain.numel() * plain.element_size()
-        amx = getattr(m, "amx_weight", None)  # AmxLinear: the plain weight and the same as AMX tiles; a step reads one
-        if isinstance(amx, torch.Tensor):
-            total -= amx.numel() * amx.element_size()
+        # AmxLinear: the plain weight and the same as AMX tiles; SgemmPackedLinear: MKL's packing and the same as
+        # panels for a few rows. A step reads one of the two.
+        twin = getattr(m, "amx_weight", None)
+        twin = getattr(m, "panels", None) if twin is None else twin
+        if isinstance(twin, torch.Tensor):
+            total -= twin.numel() * twin.element_size()
     return total
