@@ -174,7 +174,7 @@ SGEMM_SOURCE = Path(__file__).with_name("sgemm_packed_cpu.cpp")
 
 @functools.cache
 def sgemm_kernel():
-    """MKL's packed float32 GEMM and the few-rows panel kernel (`sgemm_packed_cpu.cpp`), built on first use;
+    """MKL's packed float32 GEMM and its panel kernel for a few rows (`sgemm_packed_cpu.cpp`), built on first use;
     None where it cannot be built or this torch does not export MKL's functions. Loading it also defines the
     operator `course_lib::sgemm_linear(x [m, in], packed, panels, out_features) -> [m, out]` that compiled
     graphs call."""
@@ -195,7 +195,7 @@ class SgemmPackedLinear(nn.Module):
     109 -> 78 ms (more in `sgemm_packed_cpu.cpp`). The packed weight replaces the plain one, as in
     `PackedLinear`: opaque, not saved, not movable; pack last.
     Where the CPU has AVX-512 and the outputs come in blocks of 16, the layer also holds the weight as
-    `panels` (the same size again), and calls of 1 to `sgemm_kernel().few_rows` rows (decode steps) go
+    `panels` (the same size again), and calls of 1 to `sgemm_kernel().panel_rows` rows (decode steps) go
     through them: 1.1-1.4x faster than MKL's packed GEMM there (figures in `sgemm_packed_cpu.cpp`).
     """
 

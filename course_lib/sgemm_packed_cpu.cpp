@@ -9,13 +9,14 @@
 // any number of rows (checked against F.linear in tests/test_fast_path.py).
 //
 // For 1 to 32 rows MKL's packed GEMM still reads the weights below the machine's bandwidth, so those
-// rows go through `few_rows`: the weight as panels [N/16, K, 16] (16 outputs side by side for each k), and
+// rows go through `by_panels`: the weight as panels [N/16, K, 16] (16 outputs side by side for each k), and
 // for each k one load of a panel row serves every row of x (broadcast, fused multiply-add into 16 float
 // sums per row and panel). Measured on a 2-core Xeon with AMX, all layers of the default model (538 MB),
 // alternated with MKL's packed GEMM in one process: 1 row 37.8 -> 30.4 ms (1.24x; 14 -> 18 GB/s),
-// 2 rows 1.39x, 8 rows 1.33x, 16 rows 61.1 -> 48.5 ms (1.26x), 24 rows 1.17x, 32 rows 1.08x, 48 rows level,
+// 2 rows 1.39x, 8 rows 1.33x, 16 rows 61.1 -> 48.5 ms (1.26x), 24 rows 1.17x, 32 rows 1.03-1.08x, 48 rows level,
 // 64 rows 0.88x (there the product, not the reading, takes the time, and MKL's code does it better). A
 // faster kernel costs memory: a layer holds its weight twice, MKL's packing and the panels.
+// `python -m benchmarks.float32_linear` measures all three (F.linear too) on your machine.
 //
 // The MKL functions come from libtorch_cpu, which links MKL statically and exports them on x86 builds;
 // where it does not (other torch builds), loading this module fails and course_lib/fast_path.py keeps
@@ -38,7 +39,7 @@ void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n, int k
 namespace {
 enum { kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162 };  // CBLAS constants
 constexpr int kPackRows = 64;  // the m MKL packs for; measured: the packed weight serves 1 to 1024 rows as fast
-constexpr int64_t kFewRows = 32;  // up to this many rows go through the panels (see the figures above)
+constexpr int64_t kPanelRows = 32;  // up to this many rows go through the panels (see the figures above)
 }
 
 // w [n, k] float32 (an nn.Linear's weight) -> MKL's packed B = w^T, as an opaque float32 buffer.
@@ -97,10 +98,17 @@ constexpr auto kFour = by_rows<4>(std::make_integer_sequence<int, 4>{});     // 
 constexpr auto kTwo = by_rows<2>(std::make_integer_sequence<int, 12>{});     // 1-12 rows x 32 outputs
 constexpr auto kOne = by_rows<1>(std::make_integer_sequence<int, 12>{});     // the last panels of a layer
 
-// x [m, k] (m <= kFewRows), panels of a [n, k] weight -> x @ w^T [m, n]
-torch::Tensor few_rows(const torch::Tensor& x, const torch::Tensor& panels) {
+// x [m, k] float32, panels (pack_panels of a [n, k] weight) -> x @ w^T [m, n]. Any m works; `linear` sends it up
+// to kPanelRows rows (benchmarks/float32_linear.py times it at more, to show where MKL takes over).
+torch::Tensor by_panels(const torch::Tensor& x_in, const torch::Tensor& panels) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "by_panels: float32 x [m, k]");
+  TORCH_CHECK(panels.dim() == 3 && panels.size(1) == x_in.size(1) && panels.size(2) == 16 &&
+                  panels.scalar_type() == at::kFloat && panels.is_contiguous(),
+              "by_panels: panels [n/16, k, 16] from pack_panels");
+  const auto x = x_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1), NB = panels.size(0), N = NB * 16;
   auto y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;
   const float *X = x.data_ptr<float>(), *W = panels.data_ptr<float>();
   float* Y = y.data_ptr<float>();
   // Up to 4 rows: 4 panels a task. More: 2 panels, and the rows in even blocks of up to 12 (24 sums).
@@ -123,22 +131,21 @@ torch::Tensor few_rows(const torch::Tensor& x, const torch::Tensor& panels) {
 }
 constexpr bool kHasPanels = true;
 #else
-torch::Tensor few_rows(const torch::Tensor& x, const torch::Tensor&) {
-  TORCH_CHECK(false, "few_rows: built without AVX-512");
+torch::Tensor by_panels(const torch::Tensor& x, const torch::Tensor&) {
+  TORCH_CHECK(false, "by_panels: built without AVX-512");
 }
 constexpr bool kHasPanels = false;  // fast_path.SgemmPackedLinear then keeps no panels
 #endif
 
-// x [m, k] float32 -> x @ w^T, [m, n]: through `panels` (pack_panels of w) for up to kFewRows rows when
+// x [m, k] float32 -> x @ w^T, [m, n]: through `panels` (pack_panels of w) for up to kPanelRows rows when
 // given, else through `packed` (pack of w)
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, std::optional<torch::Tensor> panels, int64_t n) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "linear: float32 x [m, k]");
   const auto xc = x.contiguous();
   const int m = xc.size(0), k = xc.size(1);
-  if (panels && m >= 1 && m <= kFewRows) {
-    TORCH_CHECK(panels->dim() == 3 && panels->size(0) * 16 == n && panels->size(1) == k,
-                "linear: panels of a [n, k] weight");
-    return few_rows(xc, *panels);
+  if (panels && m >= 1 && m <= kPanelRows) {
+    TORCH_CHECK(panels->size(0) * 16 == n, "linear: panels of a weight with n outputs");
+    return by_panels(xc, *panels);
   }
   auto y = torch::empty({m, n}, xc.options());
   if (m > 0)
@@ -155,9 +162,10 @@ TORCH_LIBRARY_IMPL(course_lib, CPU, m) { m.impl("sgemm_linear", &linear); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("has_panels") = kHasPanels;
-  m.attr("few_rows") = kFewRows;
+  m.attr("panel_rows") = kPanelRows;
   m.def("pack", &pack, "an nn.Linear's float32 weight [n, k], packed by MKL");
   m.def("pack_panels", &pack_panels, "an nn.Linear's float32 weight [n, k] as panels [n/16, k, 16]");
+  m.def("by_panels", &by_panels, "x [m, k] (contiguous) @ w^T through the panels of w, at any m: [m, n]");
   m.def("linear", &linear, "x [m, k] @ w^T through the packed weight, or the panels for a few rows: [m, n]",
         py::arg("x"), py::arg("packed"), py::arg("panels"), py::arg("n"));
 }

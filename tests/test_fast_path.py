@@ -9,7 +9,7 @@ import torch
 
 from course_lib import LLM, SamplingParams
 from course_lib.config import ModelConfig
-from course_lib.cpp_build import load_cpu_extension, toolchain_available
+from course_lib.cpp_build import cpuinfo, load_cpu_extension, toolchain_available
 from course_lib import fast_path
 from course_lib.fast_path import (GEMV_SOURCE, SGEMM_SOURCE, AmxLinear, FewRowsLinear, FusedAttention, FusedMLP,
                                   OneRowLinear, PackedLinear, SgemmPackedLinear, amx_kernel, can_pack,
@@ -125,7 +125,7 @@ def needs_sgemm():
 
 
 def panel_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the few-rows panels `SgemmPackedLinear` layers hold beside MKL's packing."""
+    """Bytes of the panels `SgemmPackedLinear` layers hold beside MKL's packing."""
     return sum(m.panels.nbytes for m in model.modules() if isinstance(m, SgemmPackedLinear) and m.panels is not None)
 
 
@@ -141,10 +141,10 @@ def test_sgemm_packed_linear_matches_linear(bias, features):
     assert (packed.panels is not None) == has_panels
     # counted at the weight's size, not MKL's reservation; the panels are the weight again
     assert weight_bytes(packed) == weight_bytes(linear) + (linear.weight.nbytes if has_panels else 0)
-    # rows on both sides of the few-rows limit (32): 1 to 4 take 4 panels a task, more 2; one packing serves any rows
-    for shape in [(1, 64), (3, 64), (1, 16, 64), (5, 64), (13, 64), (32, 64), (33, 64), (2, 40, 64), (0, 64),
-                  (300, 64)]:
-        x = torch.randn(*shape[:-1], features[0])
+    # rows on both sides of the panels' limit: 1 to 4 take 4 panels a task, more 2; one packing serves any rows
+    limit = kernel.panel_rows
+    for rows in [(1,), (3,), (1, 16), (5,), (13,), (limit,), (limit + 1,), (2, 40), (0,), (300,)]:
+        x = torch.randn(*rows, features[0])
         got = packed(x)
         assert got.shape == linear(x).shape and got.is_contiguous()
         torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)
@@ -165,12 +165,33 @@ def test_sgemm_packed_linear_matches_linear(bias, features):
 
 def test_sgemm_panels_are_the_weight_cut_into_blocks_of_16_outputs():
     needs_sgemm()
+    # built with -march=native: a CPU with AVX-512 gets the panel kernel (else the tests above check MKL alone)
+    assert sgemm_kernel().has_panels == ("avx512f" in (cpuinfo("flags") or "").split())
     w = torch.arange(32 * 3, dtype=torch.float32).view(32, 3)  # [out, in]
     panels = sgemm_kernel().pack_panels(w)
     assert panels.shape == (2, 3, 16)
     assert panels[1, 2, 5] == w[16 + 5, 2] and panels[0, 0, 15] == w[15, 0]
     with pytest.raises(RuntimeError, match="n % 16"):
         sgemm_kernel().pack_panels(torch.zeros(20, 3))
+
+
+def test_sgemm_by_panels_at_any_rows_as_the_benchmark_calls_it():
+    needs_sgemm()
+    kernel = sgemm_kernel()
+    if not kernel.has_panels:
+        pytest.skip("built without AVX-512: no panel kernel")
+    torch.manual_seed(0)
+    w = torch.randn(80, 40)
+    panels = kernel.pack_panels(w)
+    for rows in [0, 1, 4, 12, 13, 64, 100]:  # beyond the engine's limit too; 13 rows in two blocks of 7 and 6
+        x = torch.randn(rows, 40)
+        torch.testing.assert_close(kernel.by_panels(x, panels), x @ w.T, rtol=1e-5, atol=1e-5)
+    x = torch.randn(40, 6).T  # not contiguous
+    torch.testing.assert_close(kernel.by_panels(x, panels), x @ w.T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="panels"):
+        kernel.by_panels(torch.randn(3, 41), panels)  # k does not match
+    with pytest.raises(RuntimeError, match="panels"):
+        kernel.by_panels(torch.randn(3, 40), w)  # a plain weight, not panels
 
 
 def test_float32_layers_become_sgemm_packed_the_lm_head_included(monkeypatch):
@@ -183,7 +204,7 @@ def test_float32_layers_become_sgemm_packed_the_lm_head_included(monkeypatch):
     layers = [m for m in model.modules() if isinstance(m, SgemmPackedLinear)]
     assert len(layers) == 4 * 3 + 1 and isinstance(model.lm_head, SgemmPackedLinear)
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
-    # the packed weights replace the plain ones (this lm_head is untied); the few-rows panels are held beside them
+    # the packed weights replace the plain ones (this lm_head is untied); the panels are held beside them
     assert weight_bytes(model) == size + panel_bytes(model)
     assert weights_read(model) == size - model.embed_tokens.weight.nbytes  # a step reads one of the two
     torch.testing.assert_close(model(ids), want, rtol=1e-5, atol=1e-5)

@@ -175,8 +175,7 @@ def weights_read(model: torch.nn.Module) -> int:
             total -= plain.numel() * plain.element_size()
         # AmxLinear: the plain weight and the same as AMX tiles; SgemmPackedLinear: MKL's packing and the same as
         # panels for a few rows. A step reads one of the two.
-        twin = getattr(m, "amx_weight", None)
-        twin = getattr(m, "panels", None) if twin is None else twin
-        if isinstance(twin, torch.Tensor):
-            total -= twin.numel() * twin.element_size()
+        for twin in (getattr(m, "amx_weight", None), getattr(m, "panels", None)):
+            if isinstance(twin, torch.Tensor):
+                total -= twin.numel() * twin.element_size()
     return total

@@ -1,0 +1,66 @@
+"""float32 linear layers on the CPU, side by side in one run: F.linear, MKL's packed GEMM, and the panel kernel
+for a few rows (all three from `course_lib/sgemm_packed_cpu.cpp` but F.linear), taking turns.
+
+    python -m benchmarks.float32_linear                      # 1 to 128 rows
+    python -m benchmarks.float32_linear --rows 1,16,64 --repeats 9
+
+Each timing is all linear layers of the default model's architecture (SmolLM2-135M: 30 layers of fused q/k/v,
+o, fused gate/up and down, and the 49152-row vocabulary head; 538 MB of float32, random weights: the speed does
+not depend on the values), so the weights never fit in a cache, as in a decode step. It prints the median
+milliseconds, the GB/s of weights read, and each ratio to MKL's packed GEMM (above 1: faster). These are the
+figures `sgemm_packed_cpu.cpp` quotes and `kPanelRows` is chosen by.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from course_lib.fast_path import sgemm_kernel
+
+# (out, in) of one layer's fused q/k/v, o, fused gate/up, down; then the vocabulary head
+LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+SHAPES = LAYER * 30 + [(49152, 576)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,2,4,8,16,24,32,48,64,128")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    kernel = sgemm_kernel()
+    if kernel is None or not kernel.has_panels:
+        raise SystemExit("needs the MKL kernel built with AVX-512 (sgemm_packed_cpu.cpp); this machine has not")
+    torch.manual_seed(0)
+    weights = [torch.randn(n, k) * 0.02 for n, k in SHAPES]
+    packed = [kernel.pack(w) for w in weights]
+    panels = [kernel.pack_panels(w) for w in weights]
+    nbytes = sum(w.nbytes for w in weights)
+    systems = {
+        "F.linear": lambda x, i: F.linear(x, weights[i]),
+        "MKL packed": lambda x, i: kernel.linear(x, packed[i], None, SHAPES[i][0]),
+        "panels": lambda x, i: kernel.by_panels(x, panels[i]),  # at any rows, to show where MKL takes over
+    }
+    print(f"{torch.get_num_threads()} threads, {nbytes / 1e6:.0f} MB of weights; the engine sends up to "
+          f"{kernel.panel_rows} rows to the panels, more to MKL")
+    print(f"{'rows':>5} " + " ".join(f"{name:>20}" for name in systems) + "   panels / MKL")
+    for m in (int(r) for r in args.rows.split(",")):
+        xs = {k: torch.randn(m, k) for k in {k for _, k in SHAPES}}
+        times = {name: [] for name in systems}
+        for _ in range(args.repeats + 1):  # the first round warms up, then the systems take turns
+            for name, f in systems.items():
+                t = time.perf_counter()
+                for i, (_, k) in enumerate(SHAPES):
+                    f(xs[k], i)
+                times[name].append(time.perf_counter() - t)
+        med = {name: statistics.median(v[1:]) for name, v in times.items()}
+        cells = " ".join(f"{med[n] * 1e3:7.1f} ms {nbytes / med[n] / 1e9:5.1f} GB/s" for n in systems)
+        note = "" if m <= kernel.panel_rows else " (the engine takes MKL here)"
+        print(f"{m:5d} {cells}   {med['MKL packed'] / med['panels']:.2f}x{note}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
