@@ -161,7 +161,13 @@ def test_cpp_kernel_builds_where_a_toolchain_exists():
 
 @pytest.mark.needs_cpp
 @pytest.mark.parametrize("case", TRITON_CASES + [dict(heads=9, kv_heads=3, head_dim=64, context_lens=(5, 70, 33)),
-                                                 dict(heads=8, kv_heads=2, head_dim=128, context_lens=(40, 1))])
+                                                 dict(heads=8, kv_heads=2, head_dim=128, context_lens=(40, 1)),
+                                                 # the vector kernel takes a group's heads up to 4 (head_dim 64)
+                                                 # or 2 (128) at a time: groups of 7 and 5 leave remainders,
+                                                 # contexts of 16, 17 and 32 fill a tile of 16 tokens or spill
+                                                 dict(heads=14, kv_heads=2, head_dim=64, context_lens=(16, 17, 3)),
+                                                 dict(heads=5, kv_heads=1, head_dim=128, context_lens=(32, 15)),
+                                                 dict(heads=4, kv_heads=4, head_dim=64, context_lens=(1, 48))])
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_cpp_decode_kernel_matches_torch(case, dtype, atol):
     q, k, v, bt, cl = random_decode_case("cpu", dtype, **case)

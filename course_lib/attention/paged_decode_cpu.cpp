@@ -8,22 +8,23 @@
 //   3. softmax over t (in float; double for double inputs)
 //   4. out[h] = sum_t p[h, t] * v[t, h / group], read in place through the block table
 //
-// Each token's K (and V) row of all KV heads is contiguous in the cache, so it is read once, whole,
-// and serves every query head (one task per KV head would read a third of each row, strided).
-//
 // No gather into a padded tensor and no mask: each sequence reads exactly its own context_len tokens.
 //
 // Two versions of the same steps: `paged_decode` (plain loops, any dtype and head_dim: the readable one,
 // and the one for float64) and `paged_decode_vec` (float, bfloat16, float16 with head_dim 64 or 128: the
 // one that runs), written with ATen's Vectorized<float> on the SIMD width this CPU was built for.
-// Measured per call on a 2-core Xeon (AVX-512), bfloat16, 9 query and 3 KV heads of 64, plain -> vector:
-// 16 sequences of 110 tokens 205 -> 136 us, 64 of 110 817 -> 654 us, 16 of 512 852 -> 649 us (that one
-// reads 6.3 MB of K/V: ~350 us at the machine's 17.8 GB/s, so it is now mostly waiting on memory).
-// Inside a decode step the K/V is never in cache (the layer's weights streamed through since it was read),
-// so the vector version reads each token's row whole and in order and prefetches rows ahead. Against
-// reading it a KV head at a time without prefetch, measured per call after 64 MB of other reads: bfloat16
-// 16 sequences of 75 tokens 382 -> 228 us, 64 of 110 2378 -> 1161 us; whole eager decode steps of the
-// default model, alternated in one process: bfloat16 64 requests 1.25x, 16 1.02x; float32 64 1.09x, 16 1.07x.
+// `paged_decode` reads each token's K (V) row of all KV heads once, whole, for every query head.
+// `paged_decode_vec` goes KV head by KV head (`attend_heads`): the query heads that share it (up to 4 at a
+// time) keep their q, and later their outputs, in registers for the whole context, so a token costs one
+// load of its K (V) part and the multiply-adds; the scores of 16 tokens are summed across lanes at once
+// (`lane_sums`). Inside a decode step the K/V is never in cache (the layer's weights streamed through
+// since it was read), so it prefetches rows 8 tokens ahead.
+// Measured per call on a 2-core Xeon (AVX-512, AMX), 9 query and 3 KV heads of 64, after 32 MB of other
+// writes, median of 60-150 calls alternated in one process, the previous vector version (a token's row
+// whole for all heads, outputs in memory) -> this one: float32 64 sequences of 90-190 tokens 1380 -> 1206 us,
+// 16 of 48-190 334 -> 294 us; bfloat16 64 sequences 1016 -> 844 us, 16 286 -> 256 us. Neither is
+// memory-bound (~10 GB/s of K/V against ~18 GB/s copy bandwidth, and K/V that fits in L2 is barely faster).
+// Whole eager engine runs, 64 requests x 64 tokens, alternated: float32 1.04x, bfloat16 1.05x; 16 requests level.
 
 // Use the widest vector code this build's -march=native allows (ATen's own kernels are built per width).
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
@@ -42,6 +43,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 // HEAD_DIM > 0 fixes head_dim at compile time (64 and 128 are common), so the inner loops have a known
@@ -134,68 +136,123 @@ inline void prefetch_row(const scalar_t* row, int64_t len) {
   for (int64_t b = 0; b < len * int64_t(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 3);
 }
 
-// The same four steps as `paged_decode`, a token at a time: each token's K (V) row of all KV heads is
-// read once, in order, as float vectors; each KV head's part serves its `group` query heads. Float
-// accumulation throughout.
+// Lane sums of kTile float vectors: out[j] = the sum of d[j]'s lanes, for j < n. With AVX-512, one
+// transpose-and-add tree for all 16 (30 shuffles and 15 adds, against 4 dependent shuffle-adds per sum
+// one at a time); elsewhere one horizontal sum each.
+constexpr int64_t kTile = 16;
+inline void lane_sums(const fVec* d, float* out, int64_t n) {
+#if defined(CPU_CAPABILITY_AVX512)
+  static_assert(fVec::size() == kTile);
+  __m512 b[8], c[4], e[2];
+  for (int i = 0; i < 8; ++i)  // each 128-bit chunk: [x0+x2, y0+y2, x1+x3, y1+y3] of x = d[2i], y = d[2i+1]
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(d[2 * i], d[2 * i + 1]), _mm512_unpackhi_ps(d[2 * i], d[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // each chunk: its partial sums of d[4i], ..., d[4i+3]
+    c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44), _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+  for (int i = 0; i < 2; ++i)  // chunks 0+2 and 1+3 of c[2i], then of c[2i+1]
+    e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xEE));
+  const fVec sums = _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], 0x88), _mm512_shuffle_f32x4(e[0], e[1], 0xDD));
+  sums.store(out, n);
+#else
+  for (int64_t j = 0; j < n; ++j) out[j] = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, d[j]);
+#endif
+}
+
+// The four steps of `paged_decode` for HB query heads that share one KV head, over one sequence's ctx
+// tokens. The HB heads' q and their outputs stay in registers for the whole context, so each token's K (V)
+// costs a load of its KV head's part and HB * HEAD_DIM fused multiply-adds. `k_row(t)` / `v_row(t)`: token t's
+// K / V row of all KV heads; `part`: this KV head's offset in a row. qf: the heads' q, scaled, float;
+// scores: room for [HB, ctx]; dots: for [HB, kTile] vectors; out: [HB, HEAD_DIM], float.
+template <typename scalar_t, int64_t HEAD_DIM, int64_t HB, typename KRow, typename VRow>
+void attend_heads(const float* qf, int64_t ctx, const KRow& k_row, const VRow& v_row, int64_t part,
+                  float* scores, fVec* dots, float* out) {
+  constexpr int64_t V = HEAD_DIM / fVec::size();  // float vectors per head
+  fVec qv[HB][V], x[V];
+  for (int64_t h = 0; h < HB; ++h)
+    for (int64_t i = 0; i < V; ++i) qv[h][i] = fVec::loadu(qf + h * HEAD_DIM + i * fVec::size());
+  for (int64_t t0 = 0; t0 < ctx; t0 += kTile) {  // 2. scores, kTile tokens at a time
+    const int64_t n = std::min(kTile, ctx - t0);
+    for (int64_t j = 0; j < n; ++j) {
+      if (const int64_t ahead = t0 + j + kPrefetchRows; ahead < ctx) {  // V is read in step 4
+        prefetch_row(k_row(ahead) + part, HEAD_DIM);
+        prefetch_row(v_row(ahead) + part, HEAD_DIM);
+      }
+      load_as_float<scalar_t, HEAD_DIM>(k_row(t0 + j) + part, x);
+      for (int64_t h = 0; h < HB; ++h) {  // q . k as a vector of partial sums; lane_sums adds them up
+        fVec dot = qv[h][0] * x[0];
+        for (int64_t i = 1; i < V; ++i) dot = at::vec::fmadd(qv[h][i], x[i], dot);
+        dots[h * kTile + j] = dot;
+      }
+    }
+    for (int64_t h = 0; h < HB; ++h) lane_sums(dots + h * kTile, scores + h * ctx + t0, n);
+  }
+  for (int64_t h = 0; h < HB; ++h) {  // 3. softmax of each head's row
+    float* p = scores + h * ctx;
+    const float max = at::vec::reduce_all<float>([](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, p, ctx);
+    at::vec::map([max](fVec s) { return (s - fVec(max)).exp_u20(); }, p, p, ctx);
+    const float inv = 1.0f / at::vec::reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, p, ctx);
+    at::vec::map([inv](fVec s) { return s * fVec(inv); }, p, p, ctx);
+  }
+  fVec acc[HB][V];  // 4. out = P V, token by token
+  for (int64_t h = 0; h < HB; ++h)
+    for (int64_t i = 0; i < V; ++i) acc[h][i] = fVec(0.0f);
+  for (int64_t t = 0; t < ctx; ++t) {
+    load_as_float<scalar_t, HEAD_DIM>(v_row(t) + part, x);
+    for (int64_t h = 0; h < HB; ++h) {
+      const fVec p(scores[h * ctx + t]);
+      for (int64_t i = 0; i < V; ++i) acc[h][i] = at::vec::fmadd(p, x[i], acc[h][i]);
+    }
+  }
+  for (int64_t h = 0; h < HB; ++h)
+    for (int64_t i = 0; i < V; ++i) acc[h][i].store(out + h * HEAD_DIM + i * fVec::size());
+}
+
+// attend_heads with HB = hb, for hb in 1..MAX_HB (one instance each).
+template <typename scalar_t, int64_t HEAD_DIM, int64_t MAX_HB, typename... Args>
+void attend_heads_by(int64_t hb, Args&&... args) {
+  if constexpr (MAX_HB > 1) {
+    if (hb < MAX_HB) return attend_heads_by<scalar_t, HEAD_DIM, MAX_HB - 1>(hb, std::forward<Args>(args)...);
+  }
+  attend_heads<scalar_t, HEAD_DIM, MAX_HB>(std::forward<Args>(args)...);
+}
+
+// The same four steps as `paged_decode`, by KV head: for each sequence and KV head, its query heads (up to
+// kMaxHB at a time, as many as registers hold) go through `attend_heads`. Float accumulation throughout.
 template <typename scalar_t, int64_t HEAD_DIM>
 void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache, const int32_t* block_tables,
                       const int32_t* context_lens, const scalar_t* k_new, const scalar_t* v_new, scalar_t* out,
                       int64_t num_seqs, int64_t num_heads, int64_t kv_heads, int64_t /*head_dim*/,
                       int64_t block_size, int64_t max_blocks) {
-  constexpr int64_t V = HEAD_DIM / fVec::size();  // float vectors per head
+  constexpr int64_t V = HEAD_DIM / fVec::size();
+  // attend_heads holds HB heads' vectors (their q, later their outputs) and a row's: give the heads at most
+  // half the registers (AVX-512 has 32, AVX2 16). head_dim 64: 4 heads with AVX-512, 1 with AVX2.
+  constexpr int64_t kRegisters = fVec::size() == 16 ? 32 : 16;
+  constexpr int64_t kMaxHB = std::clamp<int64_t>(kRegisters / (2 * V), 1, 4);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HEAD_DIM));
   const int64_t group = num_heads / kv_heads, row_len = kv_heads * HEAD_DIM, block_stride = block_size * row_len;
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(num_heads * HEAD_DIM), acc(num_heads * HEAD_DIM), scores;
+    std::vector<fVec> dots(kMaxHB * kTile);
     for (int64_t seq = begin; seq < end; ++seq) {
       const int64_t cached = context_lens[seq], ctx = cached + (k_new != nullptr);
       const int32_t* table = block_tables + seq * max_blocks;
-      auto token_row = [&](const scalar_t* cache, const scalar_t* fresh, int64_t t) {
-        return t < cached ? cache + table[t / block_size] * block_stride + (t % block_size) * row_len
-                          : fresh + seq * row_len;
+      auto k_row = [&](int64_t t) {  // token t's K row: in the cache through the block table, or the new one
+        return t < cached ? k_cache + table[t / block_size] * block_stride + (t % block_size) * row_len
+                          : k_new + seq * row_len;
+      };
+      auto v_row = [&](int64_t t) {
+        return t < cached ? v_cache + table[t / block_size] * block_stride + (t % block_size) * row_len
+                          : v_new + seq * row_len;
       };
       const scalar_t* q_seq = q + seq * num_heads * HEAD_DIM;
       for (int64_t i = 0; i < num_heads * HEAD_DIM; ++i) qf[i] = static_cast<float>(q_seq[i]) * scale;  // 1.
-      scores.resize(num_heads * ctx);  // [num_heads, ctx]
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      auto prefetch = [&](int64_t t) {  // token t's K and V rows (V is read in step 4)
-        if (t < ctx) {
-          prefetch_row(token_row(k_cache, k_new, t), row_len);
-          prefetch_row(token_row(v_cache, v_new, t), row_len);
-        }
-      };
-      for (int64_t t = 0; t < kPrefetchRows; ++t) prefetch(t);  // the first rows; the loop asks for the rest
-      fVec x[V];
-      for (int64_t t = 0; t < ctx; ++t) {  // 2. scores, token by token: each K row read once, whole, in order
-        prefetch(t + kPrefetchRows);
-        const scalar_t* k_row = token_row(k_cache, k_new, t);
-        for (int64_t g = 0; g < kv_heads; ++g) {  // KV head g serves query heads g * group .. (g + 1) * group - 1
-          load_as_float<scalar_t, HEAD_DIM>(k_row + g * HEAD_DIM, x);
-          for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-            const float* qh = qf.data() + h * HEAD_DIM;
-            fVec dot = fVec::loadu(qh) * x[0];
-            for (int64_t i = 1; i < V; ++i) dot = at::vec::fmadd(fVec::loadu(qh + i * fVec::size()), x[i], dot);
-            scores[h * ctx + t] = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, dot);
-          }
-        }
-      }
-      for (int64_t h = 0; h < num_heads; ++h) {  // 3. softmax
-        float* p = scores.data() + h * ctx;
-        const float max = at::vec::reduce_all<float>([](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, p, ctx);
-        at::vec::map([max](fVec s) { return (s - fVec(max)).exp_u20(); }, p, p, ctx);
-        const float inv = 1.0f / at::vec::reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, p, ctx);
-        at::vec::map([inv](fVec s) { return s * fVec(inv); }, p, p, ctx);
-      }
-      for (int64_t t = 0; t < ctx; ++t) {  // 4. out = P V, token by token
-        const scalar_t* v_row = token_row(v_cache, v_new, t);
-        for (int64_t g = 0; g < kv_heads; ++g) {
-          load_as_float<scalar_t, HEAD_DIM>(v_row + g * HEAD_DIM, x);
-          for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-            const fVec p(scores[h * ctx + t]);
-            float* oh = acc.data() + h * HEAD_DIM;
-            for (int64_t i = 0; i < V; ++i)
-              at::vec::fmadd(p, x[i], fVec::loadu(oh + i * fVec::size())).store(oh + i * fVec::size());
-          }
+      scores.resize(kMaxHB * ctx);
+      for (int64_t g = 0; g < kv_heads; ++g) {  // KV head g serves query heads g * group .. (g + 1) * group - 1
+        for (int64_t h = g * group, hb; h < (g + 1) * group; h += hb) {
+          hb = std::min(kMaxHB, (g + 1) * group - h);
+          attend_heads_by<scalar_t, HEAD_DIM, kMaxHB>(hb, qf.data() + h * HEAD_DIM, ctx, k_row, v_row,
+                                                      g * HEAD_DIM, scores.data(), dots.data(),
+                                                      acc.data() + h * HEAD_DIM);
         }
       }
       scalar_t* o = out + seq * num_heads * HEAD_DIM;
