@@ -236,14 +236,12 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
     for (int64_t seq = begin; seq < end; ++seq) {
       const int64_t cached = context_lens[seq], ctx = cached + (k_new != nullptr);
       const int32_t* table = block_tables + seq * max_blocks;
-      auto k_row = [&](int64_t t) {  // token t's K row: in the cache through the block table, or the new one
-        return t < cached ? k_cache + table[t / block_size] * block_stride + (t % block_size) * row_len
-                          : k_new + seq * row_len;
+      auto token_row = [&](const scalar_t* cache, const scalar_t* fresh, int64_t t) {  // through the block table
+        return t < cached ? cache + table[t / block_size] * block_stride + (t % block_size) * row_len
+                          : fresh + seq * row_len;
       };
-      auto v_row = [&](int64_t t) {
-        return t < cached ? v_cache + table[t / block_size] * block_stride + (t % block_size) * row_len
-                          : v_new + seq * row_len;
-      };
+      auto k_row = [&](int64_t t) { return token_row(k_cache, k_new, t); };
+      auto v_row = [&](int64_t t) { return token_row(v_cache, v_new, t); };
       const scalar_t* q_seq = q + seq * num_heads * HEAD_DIM;
       for (int64_t i = 0; i < num_heads * HEAD_DIM; ++i) qf[i] = static_cast<float>(q_seq[i]) * scale;  // 1.
       scores.resize(kMaxHB * ctx);
