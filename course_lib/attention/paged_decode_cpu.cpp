@@ -17,14 +17,20 @@
 // `paged_decode_vec` goes KV head by KV head (`attend_heads`): the query heads that share it (up to 4 at a
 // time) keep their q, and later their outputs, in registers for the whole context, so a token costs one
 // load of its K (V) part and the multiply-adds; the scores of 16 tokens are summed across lanes at once
-// (`lane_sums`). Inside a decode step the K/V is never in cache (the layer's weights streamed through
-// since it was read), so it prefetches rows 8 tokens ahead.
+// (`lane_sums`). Each sequence's row addresses are looked up in its block table once (`k_rows`, `v_rows`),
+// not per token and KV head. Inside a decode step the K/V is never in cache (the layer's weights streamed
+// through since it was read), so it prefetches rows 8 tokens ahead.
 // Measured per call on a 2-core Xeon (AVX-512, AMX), 9 query and 3 KV heads of 64, after 32 MB of other
 // writes, median of 60-150 calls alternated in one process, the previous vector version (a token's row
-// whole for all heads, outputs in memory) -> this one: float32 64 sequences of 90-190 tokens 1380 -> 1206 us,
-// 16 of 48-190 334 -> 294 us; bfloat16 64 sequences 1016 -> 844 us, 16 286 -> 256 us. Neither is
-// memory-bound (~10 GB/s of K/V against ~18 GB/s copy bandwidth, and K/V that fits in L2 is barely faster).
-// Whole eager engine runs, 64 requests x 64 tokens, alternated: float32 1.04x, bfloat16 1.05x; 16 requests level.
+// whole for all heads, outputs in memory) -> by KV head: float32 64 sequences of 90-190 tokens 1380 -> 1206 us,
+// 16 of 48-190 334 -> 294 us; bfloat16 64 sequences 1016 -> 844 us, 16 286 -> 256 us. Whole eager engine
+// runs, 64 requests x 64 tokens, alternated: float32 1.04x, bfloat16 1.05x; 16 requests level. Then the row
+// addresses looked up once (same kind of machine, a later session, 80 calls): float32 64 sequences 1295 -> 1211 us,
+// bfloat16 1012 -> 918 us; 16 sequences level to 1.06x. Now the kernel reads K/V at 7-9 GB/s against
+// 11-15 GB/s of copy bandwidth, and a call whose K/V fits in L2 (8 sequences, 1 thread) takes a third of the
+// time of the same call cold: it is close to memory-bound; other loop orders (block by block, all KV heads
+// at once, with whole rows prefetched) and prefetch distances were no faster. `benchmarks/decode_attention.py`
+// measures it against the PyTorch reference, with its GB/s.
 
 // Use the widest vector code this build's -march=native allows (ATen's own kernels are built per width).
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
@@ -160,12 +166,12 @@ inline void lane_sums(const fVec* d, float* out, int64_t n) {
 
 // The four steps of `paged_decode` for HB query heads that share one KV head, over one sequence's ctx
 // tokens. The HB heads' q and their outputs stay in registers for the whole context, so each token's K (V)
-// costs a load of its KV head's part and HB * HEAD_DIM fused multiply-adds. `k_row(t)` / `v_row(t)`: token t's
-// K / V row of all KV heads; `part`: this KV head's offset in a row. qf: the heads' q, scaled, float;
-// scores: room for [HB, ctx]; dots: for [HB, kTile] vectors; out: [HB, HEAD_DIM], float.
-template <typename scalar_t, int64_t HEAD_DIM, int64_t HB, typename KRow, typename VRow>
-void attend_heads(const float* qf, int64_t ctx, const KRow& k_row, const VRow& v_row, int64_t part,
-                  float* scores, fVec* dots, float* out) {
+// costs a load of its KV head's part and HB * HEAD_DIM fused multiply-adds. `k_rows[t]` / `v_rows[t]`: where
+// token t's K / V row of all KV heads starts; `part`: this KV head's offset in a row. qf: the heads' q, scaled,
+// float; scores: room for [HB, ctx]; dots: for [HB, kTile] vectors; out: [HB, HEAD_DIM], float.
+template <typename scalar_t, int64_t HEAD_DIM, int64_t HB>
+void attend_heads(const float* qf, int64_t ctx, const scalar_t* const* k_rows, const scalar_t* const* v_rows,
+                  int64_t part, float* scores, fVec* dots, float* out) {
   constexpr int64_t V = HEAD_DIM / fVec::size();  // float vectors per head
   fVec qv[HB][V], x[V];
   for (int64_t h = 0; h < HB; ++h)
@@ -174,10 +180,10 @@ void attend_heads(const float* qf, int64_t ctx, const KRow& k_row, const VRow& v
     const int64_t n = std::min(kTile, ctx - t0);
     for (int64_t j = 0; j < n; ++j) {
       if (const int64_t ahead = t0 + j + kPrefetchRows; ahead < ctx) {  // V is read in step 4
-        prefetch_row(k_row(ahead) + part, HEAD_DIM);
-        prefetch_row(v_row(ahead) + part, HEAD_DIM);
+        prefetch_row(k_rows[ahead] + part, HEAD_DIM);
+        prefetch_row(v_rows[ahead] + part, HEAD_DIM);
       }
-      load_as_float<scalar_t, HEAD_DIM>(k_row(t0 + j) + part, x);
+      load_as_float<scalar_t, HEAD_DIM>(k_rows[t0 + j] + part, x);
       for (int64_t h = 0; h < HB; ++h) {  // q . k as a vector of partial sums; lane_sums adds them up
         fVec dot = qv[h][0] * x[0];
         for (int64_t i = 1; i < V; ++i) dot = at::vec::fmadd(qv[h][i], x[i], dot);
@@ -197,7 +203,7 @@ void attend_heads(const float* qf, int64_t ctx, const KRow& k_row, const VRow& v
   for (int64_t h = 0; h < HB; ++h)
     for (int64_t i = 0; i < V; ++i) acc[h][i] = fVec(0.0f);
   for (int64_t t = 0; t < ctx; ++t) {
-    load_as_float<scalar_t, HEAD_DIM>(v_row(t) + part, x);
+    load_as_float<scalar_t, HEAD_DIM>(v_rows[t] + part, x);
     for (int64_t h = 0; h < HB; ++h) {
       const fVec p(scores[h * ctx + t]);
       for (int64_t i = 0; i < V; ++i) acc[h][i] = at::vec::fmadd(p, x[i], acc[h][i]);
@@ -233,23 +239,24 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(num_heads * HEAD_DIM), acc(num_heads * HEAD_DIM), scores;
     std::vector<fVec> dots(kMaxHB * kTile);
+    std::vector<const scalar_t*> k_rows, v_rows;  // where each token's K / V row starts
     for (int64_t seq = begin; seq < end; ++seq) {
       const int64_t cached = context_lens[seq], ctx = cached + (k_new != nullptr);
       const int32_t* table = block_tables + seq * max_blocks;
-      auto token_row = [&](const scalar_t* cache, const scalar_t* fresh, int64_t t) {  // through the block table
-        return t < cached ? cache + table[t / block_size] * block_stride + (t % block_size) * row_len
-                          : fresh + seq * row_len;
-      };
-      auto k_row = [&](int64_t t) { return token_row(k_cache, k_new, t); };
-      auto v_row = [&](int64_t t) { return token_row(v_cache, v_new, t); };
+      k_rows.resize(ctx), v_rows.resize(ctx);  // looked up once for all KV heads: no division per token in the loops
+      for (int64_t t = 0; t < cached; ++t) {
+        const int64_t row = table[t / block_size] * block_stride + (t % block_size) * row_len;  // through the table
+        k_rows[t] = k_cache + row, v_rows[t] = v_cache + row;
+      }
+      if (ctx > cached) k_rows[cached] = k_new + seq * row_len, v_rows[cached] = v_new + seq * row_len;
       const scalar_t* q_seq = q + seq * num_heads * HEAD_DIM;
       for (int64_t i = 0; i < num_heads * HEAD_DIM; ++i) qf[i] = static_cast<float>(q_seq[i]) * scale;  // 1.
       scores.resize(kMaxHB * ctx);
       for (int64_t g = 0; g < kv_heads; ++g) {  // KV head g serves query heads g * group .. (g + 1) * group - 1
         for (int64_t h = g * group, hb; h < (g + 1) * group; h += hb) {
           hb = std::min(kMaxHB, (g + 1) * group - h);
-          attend_heads_by<scalar_t, HEAD_DIM, kMaxHB>(hb, qf.data() + h * HEAD_DIM, ctx, k_row, v_row,
-                                                      g * HEAD_DIM, scores.data(), dots.data(),
+          attend_heads_by<scalar_t, HEAD_DIM, kMaxHB>(hb, qf.data() + h * HEAD_DIM, ctx, k_rows.data(),
+                                                      v_rows.data(), g * HEAD_DIM, scores.data(), dots.data(),
                                                       acc.data() + h * HEAD_DIM);
         }
       }
