@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.compare import rounds
 from course_lib.attention import cpu_paged
-from course_lib.attention.paged import paged_decode_attention
+from course_lib.attention.paged import paged_decode_attention, random_decode_batch
 from course_lib.profiling.roofline import measure_bandwidth
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16  # SmolLM2-135M
@@ -60,16 +60,9 @@ class Attention:
 
 
 def decode_inputs(seqs: int, context: tuple[int, int], dtype: torch.dtype, seed: int = 0) -> tuple:
-    """q, k_cache, v_cache, block_tables, context_lens for `seqs` sequences; blocks in a random order."""
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(context[0], context[1] + 1, (seqs,), generator=g, dtype=torch.int32)
-    blocks = -(-int(lens.max()) // BLOCK_SIZE)
-    num_blocks = seqs * blocks + 64
-    tables = torch.randperm(num_blocks, generator=g)[: seqs * blocks].view(seqs, blocks).to(torch.int32)
-    cache_shape = (num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
-    k, v = (torch.randn(cache_shape, generator=g).to(dtype) for _ in range(2))
-    q = torch.randn(seqs, HEADS, HEAD_DIM, generator=g).to(dtype)
-    return q, k, v, tables, lens
+    """q, k_cache, v_cache, block_tables, context_lens for `seqs` sequences of `context` tokens; blocks shuffled."""
+    lens = torch.randint(context[0], context[1] + 1, (seqs,), generator=torch.Generator().manual_seed(seed))
+    return random_decode_batch(lens.tolist(), HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, dtype, spare_blocks=64, seed=seed)
 
 
 def measure(seqs: int, dtype: torch.dtype, context: tuple[int, int], repeats: int, hot: bool) -> Row:

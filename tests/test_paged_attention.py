@@ -16,6 +16,8 @@ from course_lib.attention.paged import (
     PagedAttentionMetadata,
     PagedKVCache,
     paged_decode_attention,
+    random_decode_batch,
+    shuffled_block_tables,
     slots_for,
     store_kvcache,
 )
@@ -28,17 +30,6 @@ HEADS, KV_HEADS, HEAD_DIM = 6, 2, 8  # GQA: 3 query heads per KV head
 def tiny_config(**kw) -> ModelConfig:
     sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
     return ModelConfig(**{**sizes, **kw})
-
-
-def shuffled_block_tables(lengths: list[int], block_size: int, num_blocks: int, seed: int = 0) -> list[list[int]]:
-    """Give each sequence blocks from a random permutation: tables are not contiguous or ordered."""
-    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
-    tables = []
-    for n in lengths:
-        need = -(-n // block_size)
-        tables.append(perm[:need])
-        perm = perm[need:]
-    return tables
 
 
 def test_metadata_build_slots_and_padding():
@@ -123,19 +114,9 @@ def test_padding_slots_are_skipped():
     assert cache.k_cache[0].flatten(0, 1)[10:].abs().sum() == 0 and cache.k_cache[0, :2].abs().sum() == 0
 
 
-def random_decode_case(device: str, dtype: torch.dtype = torch.float32, heads: int = 6, kv_heads: int = 2,
-                       head_dim: int = 8, block_size: int = 4, context_lens=(1, 5, 16, 11), seed: int = 0):
-    """q, caches and a shuffled, -1-padded block table for a batch of decodes."""
-    g = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-c // block_size) for c in context_lens) + 3
-    k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
-    v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
-    q = torch.randn(len(context_lens), heads, head_dim, generator=g)
-    tables = shuffled_block_tables(list(context_lens), block_size, num_blocks, seed)
-    width = max(len(t) for t in tables) + 1
-    bt = torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32)
-    cl = torch.tensor(context_lens, dtype=torch.int32)
-    return tuple(t.to(device, dtype) for t in (q, k, v)) + (bt.to(device), cl.to(device))
+def random_decode_case(device: str, dtype: torch.dtype = torch.float32, context_lens=(1, 5, 16, 11), **shape):
+    """q, caches and a shuffled, -1-padded block table for a batch of decodes (this file's default lengths)."""
+    return random_decode_batch(context_lens, dtype=dtype, device=device, **shape)
 
 
 def test_paged_decode_attention_matches_reference():

@@ -52,6 +52,12 @@
 #include <utility>
 #include <vector>
 
+// Where token t of a sequence starts in the cache, in elements: its slot (the block its table names, times
+// block_size, plus its offset in the block: `slot_mapping` in paged.py) times one row's length.
+inline int64_t token_offset(const int32_t* table, int64_t t, int64_t block_size, int64_t row_len) {
+  return (static_cast<int64_t>(table[t / block_size]) * block_size + t % block_size) * row_len;
+}
+
 // HEAD_DIM > 0 fixes head_dim at compile time (64 and 128 are common), so the inner loops have a known
 // length and vectorize without a remainder; 0 reads it at run time.
 template <typename scalar_t, int64_t HEAD_DIM>
@@ -64,15 +70,13 @@ void paged_decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_
   const acc_t scale = acc_t(1) / std::sqrt(static_cast<acc_t>(head_dim));
   const int64_t group = num_heads / kv_heads;  // query heads per KV head (GQA): head h reads KV head h / group
   const int64_t row_len = kv_heads * head_dim;  // one token's K (or V) of all KV heads, contiguous in the cache
-  const int64_t block_stride = block_size * row_len;  // cache: [num_blocks, block_size, kv_heads, head_dim]
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> qf(num_heads * head_dim), acc(num_heads * head_dim), row(row_len), scores;
     for (int64_t seq = begin; seq < end; ++seq) {
       const int64_t cached = context_lens[seq], ctx = cached + (k_new != nullptr);
       const int32_t* table = block_tables + seq * max_blocks;
       auto token_row = [&](const scalar_t* cache, const scalar_t* fresh, int64_t t) {  // token t's K or V row
-        return t < cached ? cache + table[t / block_size] * block_stride + (t % block_size) * row_len
-                          : fresh + seq * row_len;
+        return t < cached ? cache + token_offset(table, t, block_size, row_len) : fresh + seq * row_len;
       };
       const scalar_t* q_seq = q + seq * num_heads * head_dim;  // q: [num_seqs, num_heads, head_dim]
       for (int64_t i = 0; i < num_heads * head_dim; ++i) qf[i] = static_cast<acc_t>(q_seq[i]) * scale;
@@ -235,7 +239,7 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
   constexpr int64_t kRegisters = fVec::size() == 16 ? 32 : 16;
   constexpr int64_t kMaxHB = std::clamp<int64_t>(kRegisters / (2 * V), 1, 4);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HEAD_DIM));
-  const int64_t group = num_heads / kv_heads, row_len = kv_heads * HEAD_DIM, block_stride = block_size * row_len;
+  const int64_t group = num_heads / kv_heads, row_len = kv_heads * HEAD_DIM;
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(num_heads * HEAD_DIM), acc(num_heads * HEAD_DIM), scores;
     std::vector<fVec> dots(kMaxHB * kTile);
@@ -245,7 +249,7 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
       const int32_t* table = block_tables + seq * max_blocks;
       k_rows.resize(ctx), v_rows.resize(ctx);  // looked up once for all KV heads: no division per token in the loops
       for (int64_t t = 0; t < cached; ++t) {
-        const int64_t row = table[t / block_size] * block_stride + (t % block_size) * row_len;  // through the table
+        const int64_t row = token_offset(table, t, block_size, row_len);
         k_rows[t] = k_cache + row, v_rows[t] = v_cache + row;
       }
       if (ctx > cached) k_rows[cached] = k_new + seq * row_len, v_rows[cached] = v_new + seq * row_len;
