@@ -35,3 +35,9 @@ def test_a_wrong_kernel_is_not_timed(monkeypatch):
     monkeypatch.setattr(cpu_paged, "cpu_paged_decode_attention", lambda *args: real(*args) * 1.01 + 0.01)
     with pytest.raises(SystemExit, match="differ"):
         bench.main(["--seqs", "2", "--dtypes", "float32", "--repeats", "1"])
+
+
+def test_an_unknown_dtype_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--dtypes", "float32,int8"])
+    assert "--dtypes" in capsys.readouterr().err
