@@ -12,6 +12,7 @@ from course_lib.attention.paged import (
     PagedAttentionMetadata,
     PagedKVCache,
     paged_decode_attention,
+    shuffled_block_tables,
     store_kvcache,
 )
 from course_lib.config import ModelConfig
@@ -29,8 +30,7 @@ def test_decode_attention_matches_paged_decode_attention(dtype, tol):
     k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, dtype=dtype)
     v_cache = torch.randn_like(k_cache)
     cached = [0, 3, 4, 13]  # empty cache, inside a block, a full block, several blocks
-    perm = torch.randperm(num_blocks).tolist()
-    tables = [perm[i * 5:(i + 1) * 5][: c // block_size + 1] for i, c in enumerate(cached)]  # room for the new token
+    tables = shuffled_block_tables([c + 1 for c in cached], block_size, num_blocks)  # room for the new token
     width = max(map(len, tables)) + 1  # one extra padding column, as the compiled step may add
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
     q = torch.randn(len(cached), heads, head_dim, dtype=dtype)
