@@ -1,6 +1,7 @@
 """QuantLinear and quantize_model on random layers and a tiny random Transformer."""
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from course_lib.config import ModelConfig
 from course_lib.model import Transformer
 from course_lib.quant import QuantLinear, quantize_model
-from course_lib.quant.linear import cpu_backend_problem
+from course_lib.quant.linear import INT4_DEQUANTIZE_ROWS, cpu_backend_problem
 
 CASES = [("int8", 128), ("int4", 128), ("int4", 32)]
 HAS_CPU_OPS = cpu_backend_problem("int4", 576, 192, 128) is None and cpu_backend_problem("int8", 576, 192, 0) is None
@@ -69,6 +70,25 @@ def test_cpu_int4_codes_read_back_exactly():
     from course_lib.quant.int4 import unpack_int4
 
     assert torch.equal(fast._cpu_int4_codes(), unpack_int4(ref.qweight).float())
+
+
+@pytest.mark.skipif(not HAS_CPU_OPS, reason="this torch lacks the packed CPU kernels")
+def test_cpu_int4_many_rows_dequantize_then_multiply():
+    """From INT4_DEQUANTIZE_ROWS rows per padded input up, the layer multiplies by its dequantized bf16 weight
+    (faster for long prefills), below it calls the op; both give the reference within bfloat16 rounding."""
+    lin = _linear(40, 48, bias=True, seed=3)  # 40 inputs, padded to 64 (groups of 32)
+    fast = QuantLinear.from_linear(lin, "int4", 32, backend="cpu")
+    threshold = math.ceil(INT4_DEQUANTIZE_ROWS * fast.padded_in_features)
+    assert fast.dequantizes_for(threshold) and not fast.dequantizes_for(threshold - 1)
+    assert not QuantLinear.from_linear(_linear(64, 48, False), "int8", backend="cpu").dequantizes_for(10**6)
+    for rows, many in [(threshold, True), (threshold - 1, False)]:
+        x = torch.randn(rows, 40)
+        padded = F.pad(x.bfloat16(), (0, fast.padded_in_features - 40))
+        path = padded @ fast._cpu_int4_weight_t() if many else \
+            torch._weight_int4pack_mm_for_cpu(padded, fast.qweight, fast.group_size, fast.scale_zero)
+        y = fast(x)
+        assert torch.equal(y, path.float() + lin.bias.detach())  # the path named above, exactly
+        assert _rel(y, F.linear(x, fast.dequantize(), lin.bias)) < 1e-2
 
 
 def test_backend_choice_and_errors():
