@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from unittest import mock
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ import torch.nn.functional as F
 from course_lib.config import ModelConfig
 from course_lib.model import Transformer
 from course_lib.quant import QuantLinear, quantize_model
-from course_lib.quant.linear import INT4_DEQUANTIZE_ROWS, cpu_backend_problem
+from course_lib.quant.linear import (INT4_DEQUANTIZE_ROWS, INT8_DEQUANTIZE_ROWS, cpu_backend_problem,
+                                     cpu_has_bf16_matmuls)
 
 CASES = [("int8", 128), ("int4", 128), ("int4", 32)]
 HAS_CPU_OPS = cpu_backend_problem("int4", 576, 192, 128) is None and cpu_backend_problem("int8", 576, 192, 0) is None
@@ -72,7 +74,11 @@ def test_cpu_int4_codes_read_back_exactly():
     assert torch.equal(fast._cpu_int4_codes(), unpack_int4(ref.qweight).float())
 
 
-@pytest.mark.skipif(not HAS_CPU_OPS, reason="this torch lacks the packed CPU kernels")
+MANY_ROWS = pytest.mark.skipif(not (HAS_CPU_OPS and cpu_has_bf16_matmuls()),
+                               reason="the packed CPU kernels or oneDNN's bfloat16 matmuls are missing here")
+
+
+@MANY_ROWS
 def test_cpu_int4_many_rows_dequantize_then_multiply():
     """From INT4_DEQUANTIZE_ROWS rows per padded input up, the layer multiplies by its dequantized bf16 weight
     (faster for long prefills), below it calls the op; both give the reference within bfloat16 rounding."""
@@ -80,12 +86,30 @@ def test_cpu_int4_many_rows_dequantize_then_multiply():
     fast = QuantLinear.from_linear(lin, "int4", 32, backend="cpu")
     threshold = math.ceil(INT4_DEQUANTIZE_ROWS * fast.padded_in_features)
     assert fast.dequantizes_for(threshold) and not fast.dequantizes_for(threshold - 1)
-    assert not QuantLinear.from_linear(_linear(64, 48, False), "int8", backend="cpu").dequantizes_for(10**6)
     for rows, many in [(threshold, True), (threshold - 1, False)]:
         x = torch.randn(rows, 40)
         padded = F.pad(x.bfloat16(), (0, fast.padded_in_features - 40))
         path = padded @ fast._cpu_int4_weight_t() if many else \
             torch._weight_int4pack_mm_for_cpu(padded, fast.qweight, fast.group_size, fast.scale_zero)
+        y = fast(x)
+        assert torch.equal(y, path.float() + lin.bias.detach())  # the path named above, exactly
+        assert _rel(y, F.linear(x, fast.dequantize(), lin.bias)) < 1e-2
+
+
+@MANY_ROWS
+def test_cpu_int8_many_rows_multiply_the_codes_in_bfloat16():
+    """From INT8_DEQUANTIZE_ROWS rows the layer multiplies its codes cast to bf16 and scales after (as the "torch"
+    backend does), below it calls the op; both give the reference within bfloat16 rounding."""
+    lin = _linear(64, 48, bias=True, seed=4)
+    fast = QuantLinear.from_linear(lin, "int8", backend="cpu")
+    assert fast.dequantizes_for(INT8_DEQUANTIZE_ROWS) and not fast.dequantizes_for(INT8_DEQUANTIZE_ROWS - 1)
+    with mock.patch("torch.compiler.is_compiling", return_value=True):  # one graph: no branch on the rows
+        assert not fast.dequantizes_for(10**6)
+    for rows, many in [(INT8_DEQUANTIZE_ROWS, True), (INT8_DEQUANTIZE_ROWS - 1, False)]:
+        x = torch.randn(rows, 64)
+        xb = x.bfloat16()
+        path = F.linear(xb, fast.qweight.bfloat16()) * fast.scales if many else \
+            torch._weight_int8pack_mm(xb, fast.qweight, fast.scales)
         y = fast(x)
         assert torch.equal(y, path.float() + lin.bias.detach())  # the path named above, exactly
         assert _rel(y, F.linear(x, fast.dequantize(), lin.bias)) < 1e-2

@@ -16,15 +16,18 @@ Backends, chosen once per layer when it is built (`backend="auto"` picks by the 
             (an error of about 2^-9 relative on top of the quantization error). INT4 weights are
             kept in the op's own packed layout (`torch._convert_weight_to_int4pack_for_cpu`,
             which depends on the CPU's vector width) *instead of* the portable one, so memory
-            is not doubled; `dequantize` reads it back exactly (see `_cpu_int4_codes`). A step of
-            many tokens (a long prefill) is compute-bound, and the INT4 op computes at ~75 GFLOP/s
-            where bfloat16 matmuls reach 300-700 on AMX: from `INT4_DEQUANTIZE_ROWS` rows per input
-            feature up, the layer dequantizes its weight for the step and multiplies in bfloat16.
+            is not doubled; `dequantize` reads it back exactly (see `_cpu_int4_codes`). Both ops are
+            built for a few rows: with many (a batch's decode step, a long prefill) the work is
+            compute-bound, and they compute far below bfloat16 matmuls (300-700 GFLOP/s on AMX;
+            the INT4 op ~75). So from `INT8_DEQUANTIZE_ROWS` rows (INT8: the codes cast to bfloat16,
+            the scale applied after, as "torch" does) or `INT4_DEQUANTIZE_ROWS` rows per input
+            feature (INT4: its weight dequantized for the step) the layer multiplies in bfloat16.
   "triton"  CUDA: `triton_kernels`, dequantizing inside the matmul, on the portable layout.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import warnings
 
@@ -42,6 +45,17 @@ CPU_INT4_GROUP_SIZES = (32, 64, 128, 256)  # what `_weight_int4pack_mm_for_cpu` 
 # Measured per layer (2-core Xeon with AMX, torch 2.13), op vs dequantize + matmul: 576 inputs 1.0-1.2x at
 # 1024 rows, 2.0-2.6x at 2048, 3.2-4.3x at 4096; 1536 inputs 0.97x at 2048, 2.2x at 4096; slower at 512.
 INT4_DEQUANTIZE_ROWS = 2.5
+# Rows from which the "cpu" INT8 layer multiplies its codes cast to bfloat16 (cheap: no unpacking) instead of
+# calling the op. Measured per layer as above: 0.5x at 8 rows, 0.9-1.0x at 16, 1.5-2.2x at 32, 2.0-3.0x at 64,
+# 4.5-8.4x at 256-4096.
+INT8_DEQUANTIZE_ROWS = 32
+
+
+@functools.cache
+def cpu_has_bf16_matmuls() -> bool:
+    """True where oneDNN has bfloat16 matmul kernels on this CPU (AVX-512 and newer): where a "cpu" layer's
+    many-row steps run faster as bfloat16 matmuls than through the ops (measured with AMX only)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def cpu_backend_problem(method: str, in_features: int, out_features: int, group_size: int) -> str | None:
@@ -204,7 +218,9 @@ class QuantLinear(nn.Module):
 
     def _forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [tokens, in]
-        if self.method == "int8":
+        if self.method == "int8" and self.dequantizes_for(x2.shape[0]):
+            y = F.linear(x2, self.qweight.to(torch.bfloat16)) * self.scales  # many rows: a bf16 matmul, then scale
+        elif self.method == "int8":
             y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)  # [tokens, out]
         else:
             pad = self.padded_in_features - self.in_features
@@ -217,9 +233,13 @@ class QuantLinear(nn.Module):
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)  # [..., out]
 
     def dequantizes_for(self, rows: int) -> bool:
-        """True when a "cpu" INT4 layer computes a step of `rows` rows by dequantize-then-matmul."""
-        many = rows >= INT4_DEQUANTIZE_ROWS * self.padded_in_features
-        return self.backend == "cpu" and self.method == "int4" and many
+        """True when this "cpu" layer computes a step of `rows` rows as a bfloat16 matmul, not through the op.
+        Never inside `torch.compile`: a branch on the rows there would make a graph for each side."""
+        if self.backend != "cpu" or torch.compiler.is_compiling() or not cpu_has_bf16_matmuls():
+            return False
+        if self.method == "int8":
+            return rows >= INT8_DEQUANTIZE_ROWS
+        return rows >= INT4_DEQUANTIZE_ROWS * self.padded_in_features
 
     def _forward_triton(self, x: torch.Tensor) -> torch.Tensor:
         from . import triton_kernels
