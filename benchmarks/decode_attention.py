@@ -13,8 +13,8 @@ drifts slows both alike. It prints the median microseconds a call, the ratio, an
 reads (a sequence's own tokens only: the reference's padding and its gathered copy are not counted) beside
 this machine's copy bandwidth: a kernel near that bandwidth is memory-bound and only fewer bytes (a smaller
 cache dtype) would make it faster; far below it, its instructions are the limit. (The copy figure counts
-read + write; a write also reads its line first, so a kernel that only reads can show more than 100%.) These are the figures
-the header of `course_lib/attention/paged_decode_cpu.cpp` quotes.
+read + write; a write also reads its line first, so a kernel that only reads can show more than 100%.) These
+are the figures the header of `course_lib/attention/paged_decode_cpu.cpp` quotes.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import torch
 from benchmarks.compare import rounds
 from course_lib.attention import cpu_paged
 from course_lib.attention.paged import paged_decode_attention, random_decode_batch
+from course_lib.dtypes import dtype_name
 from course_lib.profiling.roofline import measure_bandwidth
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16  # SmolLM2-135M
@@ -77,14 +78,23 @@ def measure(seqs: int, dtype: torch.dtype, context: tuple[int, int], repeats: in
                Attention("reference", paged_decode_attention, inputs, flush)]
     times = {name: statistics.median(t) for name, t in rounds(systems, Attention.measure, repeats).items()}
     kv_bytes = 2 * int(lens.sum()) * KV_HEADS * HEAD_DIM * k.element_size()  # K and V of every cached token
-    return Row(str(dtype).removeprefix("torch."), seqs, int(lens.sum()), times["kernel"] * 1e6,
+    return Row(dtype_name(dtype), seqs, int(lens.sum()), times["kernel"] * 1e6,
                times["reference"] * 1e6, kv_bytes / times["kernel"] / 1e9, kv_bytes / times["reference"] / 1e9)
+
+
+def dtype_list(text: str) -> list[torch.dtype]:
+    """--dtypes: names of the dtypes this benchmark has a tolerance for."""
+    known = {dtype_name(d): d for d in TOLERANCE}
+    if not set(text.split(",")) <= set(known):
+        raise argparse.ArgumentTypeError(f"each of {', '.join(known)}; got {text}")
+    return [known[name] for name in text.split(",")]
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqs", default="1,16,64")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--dtypes", type=dtype_list, default="float32,bfloat16",
+                    help=f"comma-separated, of {', '.join(map(dtype_name, TOLERANCE))}")
     ap.add_argument("--context", default="90,190", help="lowest,highest cached tokens of a sequence")
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--hot", action="store_true", help="K/V left in the caches between calls")
@@ -92,9 +102,6 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not cpu_paged.available():
         raise SystemExit("the C++ kernel could not be built here (course_lib.cpp_build says why)")
-    dtypes = [getattr(torch, name, None) for name in args.dtypes.split(",")]
-    if not set(dtypes) <= set(TOLERANCE):
-        ap.error(f"--dtypes: each of float32, bfloat16, float16, got {args.dtypes}")
     lo, hi = map(int, args.context.split(","))
     bandwidth = measure_bandwidth("cpu") / 1e9
     print(f"{torch.get_num_threads()} threads; copy bandwidth {bandwidth:.1f} GB/s; "
@@ -103,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'dtype':9} {'seqs':>4} {'tokens':>7} {'kernel (% of copy bandwidth)':>28} {'reference':>20} "
           f"{'kernel / reference':>19}")
     rows = []
-    for dtype in dtypes:
+    for dtype in args.dtypes:
         for seqs in map(int, args.seqs.split(",")):
             r = measure(seqs, dtype, (lo, hi), args.repeats, args.hot)
             rows.append(r)

@@ -1,6 +1,8 @@
 """Dtype and device names: the API takes a torch dtype or its name everywhere."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 _NAMES = {
@@ -43,6 +45,17 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
         return torch.bfloat16
     major, _ = torch.cuda.get_device_capability(device)
     return torch.bfloat16 if major >= 8 else torch.float16
+
+
+@functools.cache
+def onednn_has_kernels(dtype: torch.dtype) -> bool:
+    """True where this CPU's oneDNN has bfloat16 (or float16) matmul kernels, AVX-512 and newer: where
+    half-precision weights pay on the CPU (`fast_path.can_pack`, `QuantLinear`'s many-row steps)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()
 
 
 def default_device() -> str:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from . import fused_ops
 from .attention import causal_attention
 from .cpp_build import cpu_vendor, load_cpu_extension, register_fake
+from .dtypes import onednn_has_kernels
 from .model import MLP, Attention, Block, RMSNorm, Transformer
 
 
@@ -299,11 +300,7 @@ class AmxLinear(nn.Linear):
 
 def can_pack(device: torch.device | str, dtype: torch.dtype) -> bool:
     """True where `PackedLinear` pays: half-precision weights on a CPU whose oneDNN has bf16/fp16 kernels."""
-    if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return torch.device(device).type == "cpu" and onednn_has_kernels(dtype)
 
 
 def float32_kernel(opaque: bool = True) -> str:

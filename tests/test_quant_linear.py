@@ -11,10 +11,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.config import ModelConfig
+from course_lib.dtypes import onednn_has_kernels
 from course_lib.model import Transformer
 from course_lib.quant import QuantLinear, quantize_model
-from course_lib.quant.linear import (INT4_DEQUANTIZE_ROWS, INT8_DEQUANTIZE_ROWS, cpu_backend_problem,
-                                     cpu_has_bf16_matmuls)
+from course_lib.quant.linear import INT4_DEQUANTIZE_ROWS, INT8_DEQUANTIZE_ROWS, cpu_backend_problem
 
 CASES = [("int8", 128), ("int4", 128), ("int4", 32)]
 HAS_CPU_OPS = cpu_backend_problem("int4", 576, 192, 128) is None and cpu_backend_problem("int8", 576, 192, 0) is None
@@ -74,42 +74,29 @@ def test_cpu_int4_codes_read_back_exactly():
     assert torch.equal(fast._cpu_int4_codes(), unpack_int4(ref.qweight).float())
 
 
-MANY_ROWS = pytest.mark.skipif(not (HAS_CPU_OPS and cpu_has_bf16_matmuls()),
-                               reason="the packed CPU kernels or oneDNN's bfloat16 matmuls are missing here")
-
-
-@MANY_ROWS
-def test_cpu_int4_many_rows_dequantize_then_multiply():
-    """From INT4_DEQUANTIZE_ROWS rows per padded input up, the layer multiplies by its dequantized bf16 weight
-    (faster for long prefills), below it calls the op; both give the reference within bfloat16 rounding."""
-    lin = _linear(40, 48, bias=True, seed=3)  # 40 inputs, padded to 64 (groups of 32)
-    fast = QuantLinear.from_linear(lin, "int4", 32, backend="cpu")
-    threshold = math.ceil(INT4_DEQUANTIZE_ROWS * fast.padded_in_features)
+@pytest.mark.skipif(not (HAS_CPU_OPS and onednn_has_kernels(torch.bfloat16)),
+                    reason="the packed CPU kernels or oneDNN's bfloat16 matmuls are missing here")
+@pytest.mark.parametrize("method,in_features", [("int8", 64), ("int4", 40)])  # 40: padded to 64, groups of 32
+def test_cpu_many_rows_take_a_bfloat16_matmul(method, in_features):
+    """From the threshold up (INT8: INT8_DEQUANTIZE_ROWS rows; INT4: INT4_DEQUANTIZE_ROWS per padded input) the
+    layer multiplies in bf16 (INT8: its codes cast, the scale after; INT4: its weight dequantized by the op),
+    below it calls the op; both give the reference within bfloat16 rounding. Never while compiling."""
+    lin = _linear(in_features, 48, bias=True, seed=3)
+    fast = QuantLinear.from_linear(lin, method, 32, backend="cpu")
+    padded = fast.padded_in_features
+    threshold = INT8_DEQUANTIZE_ROWS if method == "int8" else math.ceil(INT4_DEQUANTIZE_ROWS * padded)
     assert fast.dequantizes_for(threshold) and not fast.dequantizes_for(threshold - 1)
-    for rows, many in [(threshold, True), (threshold - 1, False)]:
-        x = torch.randn(rows, 40)
-        padded = F.pad(x.bfloat16(), (0, fast.padded_in_features - 40))
-        path = padded @ fast._cpu_int4_weight_t() if many else \
-            torch._weight_int4pack_mm_for_cpu(padded, fast.qweight, fast.group_size, fast.scale_zero)
-        y = fast(x)
-        assert torch.equal(y, path.float() + lin.bias.detach())  # the path named above, exactly
-        assert _rel(y, F.linear(x, fast.dequantize(), lin.bias)) < 1e-2
-
-
-@MANY_ROWS
-def test_cpu_int8_many_rows_multiply_the_codes_in_bfloat16():
-    """From INT8_DEQUANTIZE_ROWS rows the layer multiplies its codes cast to bf16 and scales after (as the "torch"
-    backend does), below it calls the op; both give the reference within bfloat16 rounding."""
-    lin = _linear(64, 48, bias=True, seed=4)
-    fast = QuantLinear.from_linear(lin, "int8", backend="cpu")
-    assert fast.dequantizes_for(INT8_DEQUANTIZE_ROWS) and not fast.dequantizes_for(INT8_DEQUANTIZE_ROWS - 1)
     with mock.patch("torch.compiler.is_compiling", return_value=True):  # one graph: no branch on the rows
         assert not fast.dequantizes_for(10**6)
-    for rows, many in [(INT8_DEQUANTIZE_ROWS, True), (INT8_DEQUANTIZE_ROWS - 1, False)]:
-        x = torch.randn(rows, 64)
-        xb = x.bfloat16()
-        path = F.linear(xb, fast.qweight.bfloat16()) * fast.scales if many else \
-            torch._weight_int8pack_mm(xb, fast.qweight, fast.scales)
+    for rows, many in [(threshold, True), (threshold - 1, False)]:
+        x = torch.randn(rows, in_features)
+        xb = F.pad(x.bfloat16(), (0, padded - in_features))
+        if method == "int8":
+            path = F.linear(xb, fast.qweight.bfloat16()) * fast.scales if many else \
+                torch._weight_int8pack_mm(xb, fast.qweight, fast.scales)
+        else:
+            path = xb @ fast._cpu_int4_weight_t() if many else \
+                torch._weight_int4pack_mm_for_cpu(xb, fast.qweight, fast.group_size, fast.scale_zero)
         y = fast(x)
         assert torch.equal(y, path.float() + lin.bias.detach())  # the path named above, exactly
         assert _rel(y, F.linear(x, fast.dequantize(), lin.bias)) < 1e-2

@@ -19,15 +19,15 @@ Backends, chosen once per layer when it is built (`backend="auto"` picks by the 
             is not doubled; `dequantize` reads it back exactly (see `_cpu_int4_codes`). Both ops are
             built for a few rows: with many (a batch's decode step, a long prefill) the work is
             compute-bound, and they compute far below bfloat16 matmuls (300-700 GFLOP/s on AMX;
-            the INT4 op ~75). So from `INT8_DEQUANTIZE_ROWS` rows (INT8: the codes cast to bfloat16,
-            the scale applied after, as "torch" does) or `INT4_DEQUANTIZE_ROWS` rows per input
-            feature (INT4: its weight dequantized for the step) the layer multiplies in bfloat16.
+            the INT4 op ~75). So from `INT8_DEQUANTIZE_ROWS` rows (INT8: the "torch" backend's
+            product in bfloat16, the codes cast and the scale applied after) or from
+            `INT4_DEQUANTIZE_ROWS` rows per input feature (INT4: its weight dequantized for the
+            step) the layer multiplies in bfloat16, where oneDNN has bfloat16 kernels.
   "triton"  CUDA: `triton_kernels`, dequantizing inside the matmul, on the portable layout.
 """
 from __future__ import annotations
 
 import copy
-import functools
 import importlib.util
 import warnings
 
@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..dtypes import onednn_has_kernels
 from .int4 import dequantize_int4, padded_in_features, quantize_int4, unpack_int4
 from .int8 import dequantize_int8, quantize_int8
 
@@ -50,13 +51,6 @@ INT4_DEQUANTIZE_ROWS = 2.5
 # decode step): 1.01x at 16 rows, 1.32x at 24, 1.62x at 32, 2.35x at 64; one layer alone: 0.5x at 8 rows,
 # 4.5-8.4x at 256-4096.
 INT8_DEQUANTIZE_ROWS = 24
-
-
-@functools.cache
-def cpu_has_bf16_matmuls() -> bool:
-    """True where oneDNN has bfloat16 matmul kernels on this CPU (AVX-512 and newer): where a "cpu" layer's
-    many-row steps run faster as bfloat16 matmuls than through the ops (measured with AMX only)."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def cpu_backend_problem(method: str, in_features: int, out_features: int, group_size: int) -> str | None:
@@ -219,24 +213,21 @@ class QuantLinear(nn.Module):
 
     def _forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [tokens, in]
-        if self.method == "int8" and self.dequantizes_for(x2.shape[0]):
-            y = F.linear(x2, self.qweight.to(torch.bfloat16)) * self.scales  # many rows: a bf16 matmul, then scale
-        elif self.method == "int8":
-            y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)  # [tokens, out]
+        many = self.dequantizes_for(x2.shape[0])  # many rows: a bfloat16 matmul instead of the op
+        if self.method == "int8":
+            y = self._forward_torch(x2) if many else torch._weight_int8pack_mm(x2, self.qweight, self.scales)
         else:
             pad = self.padded_in_features - self.in_features
             if pad:
                 x2 = F.pad(x2, (0, pad))  # [tokens, padded_in]: zeros meet the padding codes
-            if self.dequantizes_for(x2.shape[0]):
-                y = x2 @ self._cpu_int4_weight_t()  # many rows: the weight once in bfloat16, then a bf16 matmul
-            else:
-                y = torch._weight_int4pack_mm_for_cpu(x2, self.qweight, self.group_size, self.scale_zero)
+            y = x2 @ self._cpu_int4_weight_t() if many else \
+                torch._weight_int4pack_mm_for_cpu(x2, self.qweight, self.group_size, self.scale_zero)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)  # [..., out]
 
     def dequantizes_for(self, rows: int) -> bool:
         """True when this "cpu" layer computes a step of `rows` rows as a bfloat16 matmul, not through the op.
         Never inside `torch.compile`: a branch on the rows there would make a graph for each side."""
-        if self.backend != "cpu" or torch.compiler.is_compiling() or not cpu_has_bf16_matmuls():
+        if self.backend != "cpu" or torch.compiler.is_compiling() or not onednn_has_kernels(torch.bfloat16):
             return False
         if self.method == "int8":
             return rows >= INT8_DEQUANTIZE_ROWS
