@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from course_lib.fast_path import sgemm_kernel
+from course_lib.packed_linear import sgemm_kernel
 
 # (out, in) of one layer's fused q/k/v, o, fused gate/up, down; then the vocabulary head
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]

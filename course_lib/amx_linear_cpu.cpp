@@ -16,7 +16,7 @@
 // Measured on a 2-core Xeon with AMX, all linear layers of the default model (270 MB), alternated with
 // oneDNN's packed weights in one process: 4 rows 36.2 -> 23.2 ms, 16 rows 42.2 -> 26.8 ms (6.4 -> 10
 // GB/s), 64 rows 50.5 -> 40.1 ms, 128 rows 61.5 -> 58.3 ms, 256 rows 128 -> 110 ms; at 1024 rows (a
-// prefill chunk) oneDNN is faster (475 against 569 ms), so `fast_path.AmxLinear` uses it up to 256 rows.
+// prefill chunk) oneDNN is faster (475 against 569 ms), so `packed_linear.AmxLinear` uses it up to 256 rows.
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>

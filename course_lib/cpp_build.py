@@ -39,7 +39,7 @@ def cpu_tag() -> str:
 
 @functools.cache
 def cpu_vendor() -> str:
-    """'GenuineIntel', 'AuthenticAMD', ...: MKL chooses its code by it (`fast_path.float32_kernel`)."""
+    """'GenuineIntel', 'AuthenticAMD', ...: MKL chooses its code by it (`packed_linear.float32_kernel`)."""
     return cpuinfo("vendor_id") or platform.processor() or ""
 
 

@@ -7,7 +7,7 @@
 // linear layers of the default model (298 MB): 17.6 ms (17 GB/s, the machine's copy bandwidth) against
 // 27.5 ms for oneDNN's packed weights and 39.9 ms for F.linear. A portable version that converted the
 // weights to float in registers took 26.1 ms, no better than oneDNN, and in float32 MKL's F.linear was as
-// fast, so this is bfloat16 on AVX512-BF16 only (`supported`); course_lib/fast_path.py uses it.
+// fast, so this is bfloat16 on AVX512-BF16 only (`supported`); course_lib/packed_linear.py uses it.
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>

@@ -1,7 +1,7 @@
 // Linear layers through oneDNN with the weight packed once, callable from a compiled graph.
 //
 // PyTorch packs a weight for oneDNN with mkldnn::_reorder_linear_weight and multiplies by it with
-// mkldnn::_linear_pointwise (course_lib/fast_path.py: PackedLinear). The packed weight is an opaque
+// mkldnn::_linear_pointwise (course_lib/packed_linear.py: PackedLinear). The packed weight is an opaque
 // oneDNN tensor, with no storage: torch.compile cannot trace a graph that takes one as an input. So
 // this file keeps the packed weights in a table, and a graph names a weight by its number (a constant
 // in the graph): course_lib::onednn_linear(x, handle, out_features) looks it up and calls oneDNN.

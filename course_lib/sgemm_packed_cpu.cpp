@@ -19,7 +19,7 @@
 // `python -m benchmarks.float32_linear` measures all three (F.linear too) on your machine.
 //
 // The MKL functions come from libtorch_cpu, which links MKL statically and exports them on x86 builds;
-// where it does not (other torch builds), loading this module fails and course_lib/fast_path.py keeps
+// where it does not (other torch builds), loading this module fails and course_lib/packed_linear.py keeps
 // its PyTorch path. MKL has no header here, so the four declarations are written out (CBLAS's ABI).
 
 #include <ATen/Parallel.h>
@@ -134,7 +134,7 @@ constexpr bool kHasPanels = true;
 torch::Tensor by_panels(const torch::Tensor& x, const torch::Tensor&) {
   TORCH_CHECK(false, "by_panels: built without AVX-512");
 }
-constexpr bool kHasPanels = false;  // fast_path.SgemmPackedLinear then keeps no panels
+constexpr bool kHasPanels = false;  // packed_linear.SgemmPackedLinear then keeps no panels
 #endif
 
 // x [m, k] float32 -> x @ w^T, [m, n]: through `panels` (pack_panels of w) for up to kPanelRows rows when

@@ -72,6 +72,25 @@ def llm():
     return LLM(device="cpu")
 
 
+@pytest.fixture
+def tiny():
+    """A builder of a 3-layer float64 model with random weights, in eval mode: `tiny(attention_bias=False)`."""
+    from course_lib.config import ModelConfig
+    from course_lib.model import Transformer
+
+    def build(attention_bias: bool = False) -> Transformer:
+        cfg = ModelConfig(vocab_size=97, hidden_size=48, intermediate_size=80, num_layers=3, num_heads=6,
+                          num_kv_heads=2, attention_bias=attention_bias, tie_word_embeddings=False,
+                          max_position_embeddings=128)
+        torch.manual_seed(0)
+        model = Transformer(cfg).double()
+        for p in model.parameters():
+            torch.nn.init.normal_(p, std=0.2)
+        return model.eval()
+
+    return build
+
+
 def save_random_hf_model(path, arch: str, **overrides):
     """A small random-weight transformers model of a real architecture, saved as safetensors."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM

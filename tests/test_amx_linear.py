@@ -1,4 +1,4 @@
-"""The AMX kernel for a few bfloat16 rows (`amx_linear_cpu.cpp`, `fast_path.AmxLinear`) against F.linear."""
+"""The AMX kernel for a few bfloat16 rows (`amx_linear_cpu.cpp`, `packed_linear.AmxLinear`) against F.linear."""
 from __future__ import annotations
 
 import copy
@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from course_lib.config import ModelConfig
 from course_lib.cpp_build import load_cpu_extension, toolchain_available
-from course_lib.fast_path import (AMX_MAX_ROWS, AMX_SOURCE, AmxLinear, amx_kernel, can_pack, pack_linears,
-                                  use_fast_path)
+from course_lib.fast_path import use_fast_path
+from course_lib.packed_linear import AMX_MAX_ROWS, AMX_SOURCE, AmxLinear, amx_kernel, can_pack, pack_linears
 from course_lib.model import Transformer
 from course_lib.profiling.memory import weight_bytes
 from course_lib.profiling.roofline import weights_read

@@ -5,7 +5,7 @@ that is ~10 ms of a ~35 ms float32 decode step of the default model, whose matmu
 Inductor turns the whole step (30 layers, attention included) into generated C++: elementwise ops
 fused into loops, no Python between ops (`cpp_wrapper`), and for bfloat16 the weights prepacked
 for oneDNN (`freezing`, which uses AMX where the CPU has it). With `fast_path`, the layers choose
-their own kernels (`fast_path.pack_linears(opaque=False)`): the one-sequence graph of a bfloat16
+their own kernels (`packed_linear.pack_linears(opaque=False)`): the one-sequence graph of a bfloat16
 model calls the C++ one-row kernel (`OneRowLinear`) on an Intel CPU, the batched one the AMX tiles on
 a CPU with AMX (`AmxLinear`; 16 sequences: 1.54x a step against oneDNN's packed weights), a float32 graph MKL's
 packed GEMM (`SgemmPackedLinear`) on an Intel CPU, oneDNN's packed weights elsewhere (`PackedLinear`,

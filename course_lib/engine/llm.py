@@ -91,7 +91,7 @@ class LLM:
 
             quantize_model(self.model, quantization, group_size=group_size)
         if fast_path:  # last: on the CPU each linear layer gets kernels fit for its dtype and rows
-            from ..fast_path import pack_linears
+            from ..packed_linear import pack_linears
 
             pack_linears(self.model, opaque=not engine_config.compile_decode)  # Inductor packs its own (freezing)
         self.config = self.model.config
