@@ -25,13 +25,16 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .generate import generate_tokens
+
+if TYPE_CHECKING:  # for the annotation only; imported where used
+    from .profiling.roofline import RooflinePoint
 
 ZH_SAMPLE = Path(__file__).parent / "data" / "zh_sample.txt"
 
@@ -192,7 +195,7 @@ def decode_tokens_per_second(model: nn.Module, prompt_ids: list[int], new_tokens
 
 
 def step_timings(models: Mapping[str, nn.Module], context_len: int = 64, prefill_tokens: int = 128,
-                 rounds: int = 5, decode_repeats: int = 3) -> dict[str, dict[str, "RooflinePoint"]]:
+                 rounds: int = 5, decode_repeats: int = 3) -> dict[str, dict[str, RooflinePoint]]:
     """Time a decode step and a prefill of every model, in interleaved rounds.
 
     Each round runs every model in turn (`decode_repeats` decode steps after `context_len` cached

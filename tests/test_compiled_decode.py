@@ -6,7 +6,6 @@ import time
 import pytest
 import torch
 
-from course_lib.attention import cpu_paged
 from course_lib.attention.paged import (
     PagedAttention,
     PagedAttentionMetadata,
@@ -17,9 +16,11 @@ from course_lib.attention.paged import (
 )
 from course_lib.config import ModelConfig
 from course_lib.engine.llm_engine import EngineConfig, LLMEngine
-from course_lib.engine.compiled_decode import decode_attention, decode_step
+from course_lib.dtypes import onednn_has_kernels
+from course_lib.engine.compiled_decode import CompiledDecodeStep, decode_attention, decode_step
 from course_lib.fast_path import use_fast_path
 from course_lib.model import Transformer
+from course_lib.quant import QuantLinear, quantize_model
 from course_lib.sampling import SamplingParams
 
 
@@ -111,6 +112,17 @@ def test_compiled_engine_greedy_equals_eager_engine(tokenizer, cpp):
     if cpp:  # tensors made outside inference mode fit no graph: the step checks every guard again, and compiles
         logits = step(torch.tensor([5, 6]), torch.tensor([3, 1]), [[0], [1]], torch.tensor([3, 5]))
         assert logits.shape == (2, model.config.vocab_size) and not step.warm
+
+
+@pytest.mark.needs_cpp
+@pytest.mark.skipif(not onednn_has_kernels(torch.bfloat16), reason="INT8 layers take the op at any rows here")
+def test_compiled_step_has_int8_layers_choose_their_product_in_the_graph():
+    """Its graphs call `course_lib::int8_linear` (tests/test_quant_linear.py): made ready before any tracing."""
+    model = quantize_model(use_fast_path(tiny_model()), "int8", backend="cpu")
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert layers and not any(m.graph_op for m in layers)
+    CompiledDecodeStep(model, PagedKVCache(model.config, num_blocks=4, block_size=4))
+    assert all(m.graph_op for m in layers)
 
 
 @pytest.mark.parametrize("option", ["compile_decode", "cpp_decode_attention"])

@@ -9,7 +9,8 @@ their own kernels (`packed_linear.pack_linears(opaque=False)`): the one-sequence
 model calls the C++ one-row kernel (`OneRowLinear`) on an Intel CPU, the batched one the AMX tiles on
 a CPU with AMX (`AmxLinear`; 16 sequences: 1.54x a step against oneDNN's packed weights), a float32 graph MKL's
 packed GEMM (`SgemmPackedLinear`) on an Intel CPU, oneDNN's packed weights elsewhere (`PackedLinear`,
-through the operator `course_lib::onednn_linear`).
+through the operator `course_lib::onednn_linear`). A "cpu" INT8 layer's graph calls `course_lib::int8_linear`,
+which picks PyTorch's INT8 op or a bfloat16 matmul by the step's rows as it runs (`quant.linear.use_graph_operator`).
 
     step(input_ids [n], positions [n], block_tables [n, blocks], cached_lens [n])
         -> logits [n, vocab], new_k and new_v [layers, n, kv_heads, head_dim]
@@ -39,6 +40,7 @@ import torch
 from ..attention import cpu_paged
 from ..attention.paged import PagedKVCache, gather_blocks
 from ..model import Transformer
+from ..quant.linear import use_graph_operator
 
 
 def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache_layer: torch.Tensor,
@@ -113,6 +115,7 @@ class CompiledDecodeStep:
         # Batched steps use the graph only with the C++ kernel: with attention compiled from PyTorch ops the
         # batched graph was slower than eager (see the module docstring); with the kernel it was faster.
         self.use_cpp = use_cpp and cpu_paged.available(model.device)
+        use_graph_operator(model)  # "cpu" INT8 layers: the product chosen by the rows as a step runs
         options = {}
         if model.device.type == "cpu":
             # freezing prepacks the weights F.linear reads for oneDNN: it pays in bfloat16 (AMX) where the

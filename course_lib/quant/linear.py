@@ -148,8 +148,7 @@ class QuantLinear(nn.Module):
                 self.register_buffer("scales", torch.zeros(n, groups, **kw))
                 self.register_buffer("mins", torch.zeros(n, groups, **kw))
         self.register_buffer("bias", torch.zeros(n, dtype=bias_dtype, **kw) if bias else None)
-        # built now, not while torch.compile traces: a compiled graph calls it (see `_forward_cpu`)
-        self.graph_op = method == "int8" and backend == "cpu" and int8_kernel() is not None
+        self.graph_op = False  # a compiled graph calls `course_lib::int8_linear`: set by `use_graph_operator`
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, method: str = "int8", group_size: int = 128,
@@ -266,6 +265,18 @@ class QuantLinear(nn.Module):
         group = f", group_size={self.group_size}" if self.method == "int4" else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, method={self.method}"
                 f"{group}, backend={self.backend}, bias={self.bias is not None}")
+
+
+def use_graph_operator(model: nn.Module) -> int:
+    """Before `torch.compile` traces `model`: build `int8_kernel` (~50 s, once per machine) and have the graph of
+    every "cpu" INT8 layer call it, so compiled steps choose the product by their rows too. Returns how many
+    layers will; 0 where it cannot be built (their graphs then call the op at any rows)."""
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear) and m.backend == "cpu" and m.method == "int8"]
+    if layers and int8_kernel() is not None:
+        for layer in layers:
+            layer.graph_op = True
+        return len(layers)
+    return 0
 
 
 def quantize_model(model: nn.Module, method: str, group_size: int = 128, backend: str = "auto",
