@@ -119,6 +119,34 @@ def test_compiled_int8_layer_chooses_its_product_by_the_rows_as_it_runs():
         assert torch.equal(y, op) == (rows < INT8_DEQUANTIZE_ROWS), rows  # the products differ: which one ran
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("cpu", marks=pytest.mark.skipif(
+    not HAS_CPU_OPS, reason="the packed CPU kernels are missing here"))])
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_dtype_conversions_keep_the_quantized_weight(method, backend):
+    """`model.half()` after quantizing converted the scales too: the "cpu" op then failed ("expected scalar type
+    BFloat16 but found Half"). The codes and scales stay as they are; the bias and x's dtype follow."""
+    lin = _linear(64, 48, bias=True, seed=7)
+    q = QuantLinear.from_linear(lin, method, 32, backend=backend)
+    stored = {n: b.clone() for n, b in q.named_buffers() if n != "bias"}
+    names = [n for n, _ in q.named_buffers()]
+    x = torch.randn(5, 64)
+    want = F.linear(x.double(), q.dequantize(torch.float64), lin.bias.detach().double())
+    for dtype in (torch.float64, torch.float16, torch.bfloat16, torch.float32):
+        assert q.to(dtype) is q and q.bias.dtype == dtype
+        assert [n for n, _ in q.named_buffers()] == names  # in their order: state_dict's keys stay put
+        kept = {n: b for n, b in q.named_buffers() if n != "bias"}
+        assert all(torch.equal(b, stored[n]) and b.dtype == stored[n].dtype for n, b in kept.items())
+        y = q(x.to(dtype))
+        assert y.dtype == dtype and _rel(y.double(), want) < 2e-2, dtype
+
+
+@pytest.mark.cuda
+def test_a_cpu_layer_does_not_move_to_the_gpu():
+    q = QuantLinear.from_linear(_linear(64, 48, bias=True, seed=7), "int8", backend="cpu")
+    with pytest.raises(RuntimeError, match="Quantize the model again on cuda"):
+        q.cuda()
+
+
 def test_backend_choice_and_errors():
     lin = _linear(40, 48, bias=False)  # 40 inputs: too narrow for the int8 CPU kernel
     with pytest.raises(ValueError, match="in_features % 16"):

@@ -178,6 +178,25 @@ class QuantLinear(nn.Module):
             q.mins.copy_(mins)
         return q
 
+    def _apply(self, fn, recurse=True):
+        """`.to()`, `.half()`, `.cuda()`: the codes and scales keep their dtypes (x's dtype sets what the layer
+        computes in; the "cpu" op takes bfloat16 scales only), and only the bias is converted. A "cpu" or
+        "triton" layer stays on its kind of device (the CPU op's layout, the Triton kernels): quantize again there."""
+        here = self.qweight.device
+        device = fn(torch.empty(0, device=here)).device
+        if self.backend != "torch" and device.type not in (here.type, "meta"):
+            raise RuntimeError(f"a QuantLinear with backend={self.backend!r} cannot move from {here} to {device}: "
+                               f"its layout and kernels are for {here.type}. Quantize the model again on {device}.")
+        order = list(self._buffers)
+        stored = {name: self._buffers.pop(name) for name in ("qweight", "scales", "mins", "scale_zero")
+                  if name in self._buffers}
+        super()._apply(fn, recurse)  # the bias
+        converted = dict(self._buffers)
+        self._buffers.clear()
+        for name in order:  # in their order, as state_dict lists them
+            self._buffers[name] = stored[name].to(device) if name in stored else converted[name]
+        return self
+
     @property
     def padded_in_features(self) -> int:
         return self.in_features if self.method == "int8" else padded_in_features(self.in_features, self.group_size)
