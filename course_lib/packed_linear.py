@@ -8,7 +8,7 @@ step that costs as much as the product. `pack_linears` only changes which CPU ke
 layer: `PackedLinear` (bfloat16, float16), `OneRowLinear` (bfloat16, compiled), `AmxLinear` (bfloat16 on
 a CPU with AMX), `SgemmPackedLinear` (float32 on Intel CPUs), `PackedLinear` (float32 elsewhere) and
 `FewRowsLinear` (float32, compiled) give the same products as `F.linear`, up to rounding
-(`tests/test_fast_path.py`, `tests/test_amx_linear.py`). The C++ sources beside this file hold the kernels,
+(`tests/test_packed_linear.py`, `tests/test_amx_linear.py`). The C++ sources beside this file hold the kernels,
 each built on first use (`course_lib.cpp_build`); where one cannot be built the layer keeps PyTorch's path.
 A layer packed for this CPU cannot be converted to another dtype or moved to another device (`.to()`
 raises): load the model again as wanted, and pack last.

@@ -6,7 +6,7 @@
 // re-layout costs as much as the product: all linear layers of the default model at 16 rows took 74 ms
 // with F.linear and 43 ms with the weight packed once by cblas_sgemm_pack (4 rows 47 -> 32 ms, 64 rows
 // 109 -> 78 ms; 1024 rows level), measured with torch 2.13 on a 2-core Xeon. A weight packed once serves
-// any number of rows (checked against F.linear in tests/test_fast_path.py).
+// any number of rows (checked against F.linear in tests/test_packed_linear.py).
 //
 // For 1 to 32 rows MKL's packed GEMM still reads the weights below the machine's bandwidth, so those
 // rows go through `by_panels`: the weight as panels [N/16, K, 16] (16 outputs side by side for each k), and

@@ -187,15 +187,9 @@ class QuantLinear(nn.Module):
         if self.backend != "torch" and device.type not in (here.type, "meta"):
             raise RuntimeError(f"a QuantLinear with backend={self.backend!r} cannot move from {here} to {device}: "
                                f"its layout and kernels are for {here.type}. Quantize the model again on {device}.")
-        order = list(self._buffers)
-        stored = {name: self._buffers.pop(name) for name in ("qweight", "scales", "mins", "scale_zero")
+        stored = {id(self._buffers[name]) for name in ("qweight", "scales", "mins", "scale_zero")
                   if name in self._buffers}
-        super()._apply(fn, recurse)  # the bias
-        converted = dict(self._buffers)
-        self._buffers.clear()
-        for name in order:  # in their order, as state_dict lists them
-            self._buffers[name] = stored[name].to(device) if name in stored else converted[name]
-        return self
+        return super()._apply(lambda t: t.to(device) if id(t) in stored else fn(t), recurse)
 
     @property
     def padded_in_features(self) -> int:
