@@ -1,5 +1,6 @@
-"""float32 linear layers on the CPU, side by side in one run: F.linear, MKL's packed GEMM, and the panel kernel
-for a few rows (all three from `course_lib/sgemm_packed_cpu.cpp` but F.linear), taking turns.
+"""float32 linear layers on the CPU, side by side in one run: F.linear, MKL's packed GEMM, the panel kernel
+for a few rows (both from `course_lib/sgemm_packed_cpu.cpp`) and oneDNN's packed weights (`PackedLinear`, which
+the engine takes on CPUs not made by Intel, with the panels for up to `ONEDNN_PANEL_ROWS` rows), taking turns.
 
     python -m benchmarks.float32_linear                      # 1 to 128 rows
     python -m benchmarks.float32_linear --rows 1,16,64 --repeats 9
@@ -7,8 +8,9 @@ for a few rows (all three from `course_lib/sgemm_packed_cpu.cpp` but F.linear), 
 Each timing is all linear layers of the default model's architecture (SmolLM2-135M: 30 layers of fused q/k/v,
 o, fused gate/up and down, and the 49152-row vocabulary head; 538 MB of float32, random weights: the speed does
 not depend on the values), so the weights never fit in a cache, as in a decode step. It prints the median
-milliseconds, the GB/s of weights read, and each ratio to MKL's packed GEMM (above 1: faster). These are the
-figures `sgemm_packed_cpu.cpp` quotes and `kPanelRows` is chosen by.
+milliseconds, the GB/s of weights read, and the panels' ratio to MKL's packed GEMM and to oneDNN (above 1: the
+panels are faster). These are the figures `sgemm_packed_cpu.cpp` and `onednn_linear_cpu.cpp` quote, and the
+panels' row limits are chosen by.
 """
 from __future__ import annotations
 
@@ -19,11 +21,17 @@ import time
 import torch
 import torch.nn.functional as F
 
-from course_lib.packed_linear import sgemm_kernel
+from course_lib.packed_linear import ONEDNN_PANEL_ROWS, PackedLinear, sgemm_kernel
 
 # (out, in) of one layer's fused q/k/v, o, fused gate/up, down; then the vocabulary head
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 SHAPES = LAYER * 30 + [(49152, 576)]
+
+
+def as_linear(w: torch.Tensor) -> torch.nn.Linear:
+    linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    linear.weight = torch.nn.Parameter(w, requires_grad=False)
+    return linear
 
 
 def main() -> None:
@@ -44,9 +52,14 @@ def main() -> None:
         "MKL packed": lambda x, i: kernel.linear(x, packed[i], None, SHAPES[i][0]),
         "panels": lambda x, i: kernel.by_panels(x, panels[i]),  # at any rows, to show where MKL takes over
     }
-    print(f"{torch.get_num_threads()} threads, {nbytes / 1e6:.0f} MB of weights; the engine sends up to "
-          f"{kernel.panel_rows} rows to the panels, more to MKL")
-    print(f"{'rows':>5} " + " ".join(f"{name:>20}" for name in systems) + "   panels / MKL")
+    if torch.backends.mkldnn.is_available():
+        onednn = [PackedLinear(as_linear(w)) for w in weights]  # oneDNN alone: no panels
+        systems["oneDNN packed"] = lambda x, i: onednn[i](x)
+    print(f"{torch.get_num_threads()} threads, {nbytes / 1e6:.0f} MB of weights; on an Intel CPU the engine sends "
+          f"up to {kernel.panel_rows} rows to the panels and more to MKL, elsewhere up to {ONEDNN_PANEL_ROWS} rows "
+          "to the panels and more to oneDNN")
+    onednn_column = "   panels / oneDNN" if "oneDNN packed" in systems else ""
+    print(f"{'rows':>5} " + " ".join(f"{name:>20}" for name in systems) + "   panels / MKL" + onednn_column)
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k) for k in {k for _, k in SHAPES}}
         times = {name: [] for name in systems}
@@ -58,8 +71,10 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t)
         med = {name: statistics.median(v[1:]) for name, v in times.items()}
         cells = " ".join(f"{med[n] * 1e3:7.1f} ms {nbytes / med[n] / 1e9:5.1f} GB/s" for n in systems)
-        note = "" if m <= kernel.panel_rows else " (the engine takes MKL here)"
-        print(f"{m:5d} {cells}   {med['MKL packed'] / med['panels']:.2f}x{note}", flush=True)
+        versus = f"{med['MKL packed'] / med['panels']:13.2f}x"
+        if onednn_column:
+            versus += f"{med['oneDNN packed'] / med['panels']:17.2f}x"
+        print(f"{m:5d} {cells}{versus}", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,13 @@
 // EPYC (Zen 5, AVX-512), the 120 float32 layers of the default model (425 MB, read from memory), MKL packed
 // against oneDNN packed: 1 row 19.4 vs 10.9 ms; 16 rows 43.7 vs 17.4; 64 rows 92.4 vs 39.5; 512 rows 558 vs
 // 235 (F.linear: 25.3, 39.0, 88.4, 544).
+//
+// For the few rows of a decode step, the panel kernel of sgemm_packed_cpu.cpp beat oneDNN there too: on a
+// 2-core AMD EPYC (Zen 4), all layers of the default model with the vocabulary head (538 MB), taking turns in
+// one process, oneDNN / panels: 1 row 1.43-1.60x, 4 rows 1.34x, 16 rows 1.16-1.19x, 24-48 rows 1.2-1.4x,
+// 64 rows 1.06-1.12x, 96 and 128 rows level, 256 rows 0.97x (`python -m benchmarks.float32_linear`). So a
+// float32 layer may hold its weight as panels as well, and this operator sends calls of up to `panel_rows`
+// rows to them (through the operator course_lib::by_panels, which that file defines).
 
 #include <torch/extension.h>
 
@@ -50,8 +57,16 @@ int64_t kept() {
   return int64_t(table.size());
 }
 
-// x [m, in] @ w^T for the weight kept under `handle` -> [m, out_features]
-at::Tensor linear(const at::Tensor& x, int64_t handle, int64_t out_features) {
+// x [m, in] @ w^T for the weight kept under `handle` -> [m, out_features]; with `panels` (the same weight as
+// sgemm_packed_cpu.cpp's panels, float32), calls of 1 to `panel_rows` rows go through those instead.
+at::Tensor linear(const at::Tensor& x, int64_t handle, int64_t out_features, const std::optional<at::Tensor>& panels,
+                  int64_t panel_rows) {
+  if (panels && x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= panel_rows) {
+    static const auto by_panels = c10::Dispatcher::singleton()
+                                      .findSchemaOrThrow("course_lib::by_panels", "")
+                                      .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+    return by_panels.call(x, *panels);
+  }
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   const auto w = packed_weight(handle);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == w.scalar_type(), "onednn_linear: x [m, in] of the weight's dtype");
@@ -65,12 +80,16 @@ at::Tensor linear(const at::Tensor& x, int64_t handle, int64_t out_features) {
   return y;
 }
 
-TORCH_LIBRARY_FRAGMENT(course_lib, m) { m.def("onednn_linear(Tensor x, int handle, int out_features) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(course_lib, m) {
+  m.def("onednn_linear(Tensor x, int handle, int out_features, Tensor? panels=None, int panel_rows=0) -> Tensor");
+}
 TORCH_LIBRARY_IMPL(course_lib, CPU, m) { m.impl("onednn_linear", &linear); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("keep", &keep, "keep a packed oneDNN weight in the table; returns its handle");
   m.def("release", &release, "drop the packed weight under a handle");
   m.def("kept", &kept, "how many packed weights the table holds");
-  m.def("linear", &linear, "x [m, in] @ w^T through the packed weight under a handle: [m, out]");
+  m.def("linear", &linear, "x [m, in] @ w^T through the packed weight under a handle (or the panels): [m, out]",
+        py::arg("x"), py::arg("handle"), py::arg("out_features"), py::arg("panels") = py::none(),
+        py::arg("panel_rows") = 0);
 }

@@ -80,8 +80,14 @@ def onednn_kernel():
     `course_lib::onednn_linear(x [m, in], handle, out_features) -> [m, out]`."""
     kernel = load_cpu_extension("onednn_linear", ONEDNN_SOURCE)
     if kernel is not None:
-        register_fake("onednn_linear", lambda x, handle, out_features: x.new_empty((x.shape[0], out_features)))
+        register_fake("onednn_linear", lambda x, handle, out_features, panels=None, panel_rows=0:
+                      x.new_empty((x.shape[0], out_features)))
     return kernel
+
+
+# float32 PackedLinear layers with panels send calls of up to this many rows to them (`onednn_linear_cpu.cpp`:
+# on a 2-core AMD EPYC, 1.1-1.6x faster than oneDNN from 1 to 64 rows, level at 96-128, slower at 256)
+ONEDNN_PANEL_ROWS = 64
 
 
 class PackedLinear(nn.Module):
@@ -98,16 +104,22 @@ class PackedLinear(nn.Module):
     with it (eager layers skip the table, and the kernel's build on first use).
     `keep_weight=True` keeps the plain weight as well, and one-row calls (a decode step of one
     sequence) go through the C++ kernel of `gemv_kernel`, which streams it faster than oneDNN does.
+    `panels=True` (float32, where `sgemm_kernel` has its AVX-512 panel kernel and the outputs come in
+    blocks of 16) keeps the weight as panels as well, and calls of 1 to `ONEDNN_PANEL_ROWS` rows (decode
+    steps) go through them, eager or compiled: faster than oneDNN there, for twice the weight memory.
     """
 
-    def __init__(self, linear: nn.Linear, keep_weight: bool = False, for_graph: bool = False):
+    def __init__(self, linear: nn.Linear, keep_weight: bool = False, for_graph: bool = False, panels: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)  # [out, in], opaque
+        w = linear.weight.detach()
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)  # [out, in], opaque
         self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
         # the plain weight too, for one-row calls through the C++ kernel (twice the memory)
-        self.register_buffer("weight", linear.weight.detach() if keep_weight else None, persistent=False)
+        self.register_buffer("weight", w if keep_weight else None, persistent=False)
+        fits = panels and w.dtype == torch.float32 and self.out_features % 16 == 0 and has_panel_kernel()
+        self.register_buffer("panels", sgemm_kernel().pack_panels(w) if fits else None, persistent=False)
         self.handle = None  # for a compiled graph: the packed weight's number in onednn_kernel's table
         if for_graph:
             kernel = onednn_kernel()
@@ -119,13 +131,18 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight is not None and x.numel() == x.shape[-1]:
             return one_row_linear(x, self.weight, self.bias)
-        if torch.compiler.is_compiling():
-            if self.handle is None:
-                raise RuntimeError("a compiled graph calls a PackedLinear by handle: build it with for_graph=True")
-            y = torch.ops.course_lib.onednn_linear(x.reshape(-1, self.in_features), self.handle, self.out_features)
-            y = y if self.bias is None else y + self.bias
-            return y.view(*x.shape[:-1], self.out_features)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        compiling = torch.compiler.is_compiling()
+        if not compiling and (self.panels is None or x.numel() > ONEDNN_PANEL_ROWS * self.in_features):
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        x2 = x.reshape(-1, self.in_features)
+        if not compiling:  # eager, with panels, a few rows
+            y = sgemm_kernel().by_panels(x2, self.panels)
+        elif self.handle is None:
+            raise RuntimeError("a compiled graph calls a PackedLinear by handle: build it with for_graph=True")
+        else:  # the operator chooses between oneDNN and the panels as the step runs
+            y = torch.ops.course_lib.onednn_linear(x2, self.handle, self.out_features, self.panels, ONEDNN_PANEL_ROWS)
+        y = y if self.bias is None else y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
 
     def _apply(self, fn, recurse=True):
         return keep_packed(self, fn, self.packed_weight.dtype)
@@ -146,6 +163,11 @@ def sgemm_kernel():
     if kernel is not None:
         register_fake("sgemm_linear", lambda x, packed, panels, out_features: x.new_empty((x.shape[0], out_features)))
     return kernel
+
+
+def has_panel_kernel() -> bool:
+    """True where `sgemm_kernel` builds with its AVX-512 panel kernel."""
+    return sgemm_kernel() is not None and sgemm_kernel().has_panels
 
 
 class SgemmPackedLinear(nn.Module):
@@ -302,7 +324,8 @@ def pack_linears(model: Transformer, opaque: bool = True) -> Transformer:
     `opaque` or not (a graph calls it as an operator), the lm_head included (a tied one gets its own
     packed copy, 113 MB for the default model; 64 rows 38 -> 22 ms against `project_to_vocab`'s W @ x^T),
     each with its weight as panels as well for decode steps of a few rows (twice the weight memory).
-    On other CPUs each becomes a `PackedLinear` instead, the lm_head included (`float32_kernel`). Where
+    On other CPUs each becomes a `PackedLinear` instead, the lm_head included (`float32_kernel`), with
+    panels for decode steps of up to `ONEDNN_PANEL_ROWS` rows where it can (twice the weight memory). Where
     neither builds, each layer but the lm_head (which `project_to_vocab` computes as W @ x^T) becomes
     a `FewRowsLinear`. Other dtypes and devices, and quantized layers, are left as they are.
     """
@@ -313,7 +336,7 @@ def pack_linears(model: Transformer, opaque: bool = True) -> Transformer:
         kernel = float32_kernel(opaque)
         for name, module in plain:
             if kernel == "onednn":
-                model.set_submodule(name, PackedLinear(module, for_graph=not opaque))
+                model.set_submodule(name, PackedLinear(module, for_graph=not opaque, panels=True))
             elif kernel == "mkl":
                 model.set_submodule(name, SgemmPackedLinear(module))
             elif module is not model.lm_head:

@@ -154,11 +154,16 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, std::optional<torch:
   return y;
 }
 
-// The operator course_lib::sgemm_linear for compiled graphs, registered in C++ (no Python in the call).
+// The operator course_lib::sgemm_linear for compiled graphs, registered in C++ (no Python in the call), and
+// course_lib::by_panels, which onednn_linear_cpu.cpp calls for a few rows where oneDNN takes the many.
 TORCH_LIBRARY_FRAGMENT(course_lib, m) {
   m.def("sgemm_linear(Tensor x, Tensor packed, Tensor? panels, int out_features) -> Tensor");
+  m.def("by_panels(Tensor x, Tensor panels) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(course_lib, CPU, m) { m.impl("sgemm_linear", &linear); }
+TORCH_LIBRARY_IMPL(course_lib, CPU, m) {
+  m.impl("sgemm_linear", &linear);
+  m.impl("by_panels", &by_panels);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("has_panels") = kHasPanels;

@@ -11,9 +11,10 @@ from course_lib import LLM, SamplingParams
 from course_lib import packed_linear
 from course_lib.cpp_build import cpuinfo, load_cpu_extension, toolchain_available
 from course_lib.fast_path import use_fast_path
-from course_lib.packed_linear import (GEMV_SOURCE, SGEMM_SOURCE, AmxLinear, FewRowsLinear, OneRowLinear, PackedLinear,
-                                      SgemmPackedLinear, amx_kernel, can_pack, float32_kernel, gemv_kernel,
-                                      one_row_kernel_pays, onednn_kernel, pack_linears, sgemm_kernel)
+from course_lib.packed_linear import (GEMV_SOURCE, ONEDNN_PANEL_ROWS, SGEMM_SOURCE, AmxLinear, FewRowsLinear,
+                                      OneRowLinear, PackedLinear, SgemmPackedLinear, amx_kernel, can_pack,
+                                      float32_kernel, gemv_kernel, has_panel_kernel, one_row_kernel_pays,
+                                      onednn_kernel, pack_linears, sgemm_kernel)
 from course_lib.profiling.memory import weight_bytes
 from course_lib.profiling.roofline import weights_read
 
@@ -75,8 +76,8 @@ def needs_sgemm():
 
 
 def panel_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the panels `SgemmPackedLinear` layers hold beside MKL's packing."""
-    return sum(m.panels.nbytes for m in model.modules() if isinstance(m, SgemmPackedLinear) and m.panels is not None)
+    """Bytes of the panels float32 layers hold beside MKL's or oneDNN's packing."""
+    return sum(m.panels.nbytes for m in model.modules() if getattr(m, "panels", None) is not None)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -223,6 +224,27 @@ def test_float32_packed_linear_matches_linear_eager_and_compiled(bias):
     assert kernel.kept() == kept + 1  # a freed layer's weight leaves the table
     with pytest.raises(RuntimeError, match="freed"):
         torch.ops.course_lib.onednn_linear(torch.randn(2, 64), handle, 96)
+
+
+def test_float32_packed_linear_sends_a_few_rows_to_the_panels_eager_and_compiled():
+    needs_onednn()
+    if not has_panel_kernel():
+        pytest.skip("no AVX-512 panel kernel here")
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(576, 96)  # k = 576: oneDNN's sums and the panels' round apart (k = 64: they do not)
+    packed, plain = PackedLinear(linear, for_graph=True, panels=True), PackedLinear(linear)
+    assert weight_bytes(packed) == weight_bytes(linear) + linear.weight.nbytes  # the panels: the weight again
+    f = torch.compile(packed, dynamic=True, fullgraph=True)  # one graph; the operator chooses as it runs
+    limit = ONEDNN_PANEL_ROWS
+    with torch.inference_mode():
+        for rows in [1, 2, 5, limit, limit + 1, 300]:
+            x = torch.randn(rows, 576)
+            panels = sgemm_kernel().by_panels(x, packed.panels) + linear.bias
+            want = panels if rows <= limit else plain(x)
+            assert torch.equal(packed(x), want) and torch.equal(f(x), want), rows
+            torch.testing.assert_close(want, linear(x), rtol=1e-5, atol=1e-5)
+        assert not torch.equal(panels, plain(x))  # the two paths differ, so the checks above tell them apart
+        assert packed(torch.randn(3, 4, 576)).shape == (3, 4, 96)
 
 
 def test_float32_model_packed_for_onednn_compiles(monkeypatch, tiny):
