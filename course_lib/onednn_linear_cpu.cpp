@@ -14,8 +14,8 @@
 //
 // For the few rows of a decode step, the panel kernel of sgemm_packed_cpu.cpp beat oneDNN there too: on a
 // 2-core AMD EPYC (Zen 4), all layers of the default model with the vocabulary head (538 MB), taking turns in
-// one process, oneDNN / panels: 1 row 1.43-1.60x, 4 rows 1.34x, 16 rows 1.16-1.19x, 24-48 rows 1.2-1.4x,
-// 64 rows 1.06-1.12x, 96 and 128 rows level, 256 rows 0.97x (`python -m benchmarks.float32_linear`). So a
+// one process, oneDNN / panels: 1 row 1.43-1.74x, 4 rows 1.34x, 16 rows 1.16-1.19x, 24-48 rows 1.2-1.4x,
+// 64 rows 1.06-1.29x, 96 and 128 rows level, 256 rows 0.97x (`python -m benchmarks.float32_linear`). So a
 // float32 layer may hold its weight as panels as well, and this operator sends calls of up to `panel_rows`
 // rows to them (through the operator course_lib::by_panels, which that file defines).
 

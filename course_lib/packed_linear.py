@@ -77,7 +77,8 @@ ONEDNN_SOURCE = Path(__file__).with_name("onednn_linear_cpu.cpp")
 def onednn_kernel():
     """The table of packed oneDNN weights that compiled graphs name by number (`onednn_linear_cpu.cpp`),
     built on first use; None where it cannot be built. Loading it also defines the operator
-    `course_lib::onednn_linear(x [m, in], handle, out_features) -> [m, out]`."""
+    `course_lib::onednn_linear(x [m, in], handle, out_features, panels=None, panel_rows=0) -> [m, out]`
+    (with panels, calls of 1 to `panel_rows` rows go through them: `PackedLinear(panels=True)`)."""
     kernel = load_cpu_extension("onednn_linear", ONEDNN_SOURCE)
     if kernel is not None:
         register_fake("onednn_linear", lambda x, handle, out_features, panels=None, panel_rows=0:
@@ -86,7 +87,7 @@ def onednn_kernel():
 
 
 # float32 PackedLinear layers with panels send calls of up to this many rows to them (`onednn_linear_cpu.cpp`:
-# on a 2-core AMD EPYC, 1.1-1.6x faster than oneDNN from 1 to 64 rows, level at 96-128, slower at 256)
+# on a 2-core AMD EPYC, 1.1-1.7x faster than oneDNN from 1 to 64 rows, level at 96-128, slower at 256)
 ONEDNN_PANEL_ROWS = 64
 
 
