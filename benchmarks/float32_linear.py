@@ -21,7 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from course_lib.packed_linear import ONEDNN_PANEL_ROWS, PackedLinear, sgemm_kernel
+from course_lib.packed_linear import ONEDNN_PANEL_ROWS, PackedLinear, has_panel_kernel, sgemm_kernel
 
 # (out, in) of one layer's fused q/k/v, o, fused gate/up, down; then the vocabulary head
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -39,9 +39,9 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,8,16,24,32,48,64,128")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    kernel = sgemm_kernel()
-    if kernel is None or not kernel.has_panels:
+    if not has_panel_kernel():
         raise SystemExit("needs the MKL kernel built with AVX-512 (sgemm_packed_cpu.cpp); this machine has not")
+    kernel = sgemm_kernel()
     torch.manual_seed(0)
     weights = [torch.randn(n, k) * 0.02 for n, k in SHAPES]
     packed = [kernel.pack(w) for w in weights]
@@ -58,8 +58,9 @@ def main() -> None:
     print(f"{torch.get_num_threads()} threads, {nbytes / 1e6:.0f} MB of weights; on an Intel CPU the engine sends "
           f"up to {kernel.panel_rows} rows to the panels and more to MKL, elsewhere up to {ONEDNN_PANEL_ROWS} rows "
           "to the panels and more to oneDNN")
-    onednn_column = "   panels / oneDNN" if "oneDNN packed" in systems else ""
-    print(f"{'rows':>5} " + " ".join(f"{name:>20}" for name in systems) + "   panels / MKL" + onednn_column)
+    has_onednn = "oneDNN packed" in systems
+    print(f"{'rows':>5} " + " ".join(f"{name:>20}" for name in systems) + "   panels / MKL"
+          + ("   panels / oneDNN" if has_onednn else ""))
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k) for k in {k for _, k in SHAPES}}
         times = {name: [] for name in systems}
@@ -72,7 +73,7 @@ def main() -> None:
         med = {name: statistics.median(v[1:]) for name, v in times.items()}
         cells = " ".join(f"{med[n] * 1e3:7.1f} ms {nbytes / med[n] / 1e9:5.1f} GB/s" for n in systems)
         versus = f"{med['MKL packed'] / med['panels']:13.2f}x"
-        if onednn_column:
+        if has_onednn:
             versus += f"{med['oneDNN packed'] / med['panels']:17.2f}x"
         print(f"{m:5d} {cells}{versus}", flush=True)
 

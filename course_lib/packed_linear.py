@@ -132,10 +132,10 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight is not None and x.numel() == x.shape[-1]:
             return one_row_linear(x, self.weight, self.bias)
-        compiling = torch.compiler.is_compiling()
-        if not compiling and (self.panels is None or x.numel() > ONEDNN_PANEL_ROWS * self.in_features):
+        compiling, rows = torch.compiler.is_compiling(), x.numel() // self.in_features
+        if not compiling and (self.panels is None or rows > ONEDNN_PANEL_ROWS):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x.reshape(rows, self.in_features)
         if not compiling:  # eager, with panels, a few rows
             y = sgemm_kernel().by_panels(x2, self.panels)
         elif self.handle is None:
@@ -192,7 +192,7 @@ class SgemmPackedLinear(nn.Module):
         self.packed_weight = kernel.pack(linear.weight.detach())
         # The weight's shape with no storage (meta), so `weight_bytes` counts the memory the packed one uses.
         self.register_buffer("weight_shape", torch.empty_like(linear.weight, device="meta"), persistent=False)
-        fits = kernel.has_panels and self.out_features % 16 == 0
+        fits = has_panel_kernel() and self.out_features % 16 == 0
         panels = kernel.pack_panels(linear.weight.detach()) if fits else None
         self.register_buffer("panels", panels, persistent=False)  # [out/16, in, 16], or None
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
