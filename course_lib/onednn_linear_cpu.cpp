@@ -15,9 +15,10 @@
 // For the few rows of a decode step, the panel kernel of sgemm_packed_cpu.cpp beat oneDNN there too: on a
 // 2-core AMD EPYC (Zen 4), all layers of the default model with the vocabulary head (538 MB), taking turns in
 // one process, oneDNN / panels: 1 row 1.43-1.74x, 4 rows 1.34x, 16 rows 1.16-1.19x, 24-48 rows 1.2-1.4x,
-// 64 rows 1.06-1.29x, 96 and 128 rows level, 256 rows 0.97x (`python -m benchmarks.float32_linear`). So a
-// float32 layer may hold its weight as panels as well, and this operator sends calls of up to `panel_rows`
-// rows to them (through the operator course_lib::by_panels, which that file defines).
+// 64 rows 1.06-1.29x, 96 and 128 rows level, 256 rows 0.97x (`python -m benchmarks.float32_linear`); and in
+// bfloat16 its twin in gemv_cpu.cpp (1.9x at one row, 1.1-1.4x at 64; figures there). So a layer may hold its
+// weight as panels as well, and this operator sends calls of up to `panel_rows` rows to them (through the
+// operator course_lib::by_panels, float32, or course_lib::bf16_by_panels, which those files define).
 
 #include <torch/extension.h>
 
@@ -58,13 +59,20 @@ int64_t kept() {
 }
 
 // x [m, in] @ w^T for the weight kept under `handle` -> [m, out_features]; with `panels` (the same weight as
-// sgemm_packed_cpu.cpp's panels, float32), calls of 1 to `panel_rows` rows go through those instead.
+// panels: sgemm_packed_cpu.cpp's in float32, gemv_cpu.cpp's in bfloat16), calls of 1 to `panel_rows` rows go
+// through those instead.
 at::Tensor linear(const at::Tensor& x, int64_t handle, int64_t out_features, const std::optional<at::Tensor>& panels,
                   int64_t panel_rows) {
   if (panels && x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= panel_rows) {
-    static const auto by_panels = c10::Dispatcher::singleton()
-                                      .findSchemaOrThrow("course_lib::by_panels", "")
-                                      .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+    using Panels = at::Tensor(const at::Tensor&, const at::Tensor&);
+    auto find = [](const char* name) {
+      return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Panels>();
+    };
+    if (panels->scalar_type() == at::kBFloat16) {
+      static const auto bf16_by_panels = find("course_lib::bf16_by_panels");  // gemv_cpu.cpp
+      return bf16_by_panels.call(x, *panels);
+    }
+    static const auto by_panels = find("course_lib::by_panels");  // sgemm_packed_cpu.cpp
     return by_panels.call(x, *panels);
   }
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");

@@ -86,8 +86,9 @@ def onednn_kernel():
     return kernel
 
 
-# float32 PackedLinear layers with panels send calls of up to this many rows to them (`onednn_linear_cpu.cpp`:
-# on a 2-core AMD EPYC, 1.1-1.7x faster than oneDNN from 1 to 64 rows, level at 96-128, slower at 256)
+# PackedLinear layers with panels send calls of up to this many rows to them. On a 2-core AMD EPYC, against
+# oneDNN: float32 1.1-1.7x faster from 1 to 64 rows, level at 96-128 (`onednn_linear_cpu.cpp`); bfloat16
+# 1.1-1.9x (`gemv_cpu.cpp`)
 ONEDNN_PANEL_ROWS = 64
 
 
@@ -105,8 +106,8 @@ class PackedLinear(nn.Module):
     with it (eager layers skip the table, and the kernel's build on first use).
     `keep_weight=True` keeps the plain weight as well, and one-row calls (a decode step of one
     sequence) go through the C++ kernel of `gemv_kernel`, which streams it faster than oneDNN does.
-    `panels=True` (float32, where `sgemm_kernel` has its AVX-512 panel kernel and the outputs come in
-    blocks of 16) keeps the weight as panels as well, and calls of 1 to `ONEDNN_PANEL_ROWS` rows (decode
+    `panels=True` (float32 or bfloat16, where `panel_kernel` has a kernel for the dtype and the outputs come
+    in blocks of 16) keeps the weight as panels as well, and calls of 1 to `ONEDNN_PANEL_ROWS` rows (decode
     steps) go through them, eager or compiled: faster than oneDNN there, for twice the weight memory.
     """
 
@@ -119,8 +120,9 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
         # the plain weight too, for one-row calls through the C++ kernel (twice the memory)
         self.register_buffer("weight", w if keep_weight else None, persistent=False)
-        fits = panels and w.dtype == torch.float32 and self.out_features % 16 == 0 and has_panel_kernel()
-        self.register_buffer("panels", sgemm_kernel().pack_panels(w) if fits else None, persistent=False)
+        fits = panels and self.out_features % 16 == 0 and self.in_features % 2 == 0
+        panel = panel_kernel(w.dtype) if fits else None
+        self.register_buffer("panels", None if panel is None else panel.pack_panels(w), persistent=False)
         self.handle = None  # for a compiled graph: the packed weight's number in onednn_kernel's table
         if for_graph:
             kernel = onednn_kernel()
@@ -137,7 +139,7 @@ class PackedLinear(nn.Module):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
         x2 = x.reshape(rows, self.in_features)
         if not compiling:  # eager, with panels, a few rows
-            y = sgemm_kernel().by_panels(x2, self.panels)
+            y = panel_kernel(x2.dtype).by_panels(x2, self.panels)
         elif self.handle is None:
             raise RuntimeError("a compiled graph calls a PackedLinear by handle: build it with for_graph=True")
         else:  # the operator chooses between oneDNN and the panels as the step runs
@@ -169,6 +171,15 @@ def sgemm_kernel():
 def has_panel_kernel() -> bool:
     """True where `sgemm_kernel` builds with its AVX-512 panel kernel."""
     return sgemm_kernel() is not None and sgemm_kernel().has_panels
+
+
+def panel_kernel(dtype: torch.dtype):
+    """The kernel whose `pack_panels` and `by_panels` compute a few rows of a `dtype` layer through its weight
+    cut into panels of 16 outputs: `sgemm_kernel` in float32 (AVX-512), `gemv_kernel` in bfloat16
+    (AVX512-BF16); None where this CPU has neither for `dtype`."""
+    if dtype == torch.float32:
+        return sgemm_kernel() if has_panel_kernel() else None
+    return gemv_kernel() if dtype == torch.bfloat16 else None
 
 
 class SgemmPackedLinear(nn.Module):
@@ -318,7 +329,9 @@ def pack_linears(model: Transformer, opaque: bool = True) -> Transformer:
     the lm_head included (its one row through the kernel: 3.3 against 5.7 ms for W @ x^T over the default
     model's 49k rows); elsewhere each is still a `PackedLinear`, which a graph calls through its handle
     (a 2-core AMD EPYC, compiled bfloat16 decode of 1, 16 and 64 sequences: 1.40x, 1.39x and 1.17x the
-    tok/s of leaving the layers plain for Inductor to pack for oneDNN itself, `freezing`).
+    tok/s of leaving the layers plain for Inductor to pack for oneDNN itself, `freezing`). Where the one-row
+    kernel does not pay but builds (AVX512-BF16 on a CPU not made by Intel), each `PackedLinear` also holds
+    its weight as bfloat16 panels for decode steps of up to `ONEDNN_PANEL_ROWS` rows (twice the weight memory).
     On a CPU with AMX, every bfloat16 layer whose shape the tiles fit becomes an `AmxLinear` instead,
     `opaque` or not (plain weight plus the same again as tiles; the lm_head included).
     float32, on an Intel CPU: each layer becomes a `SgemmPackedLinear` where MKL's packed GEMM builds,
@@ -349,7 +362,8 @@ def pack_linears(model: Transformer, opaque: bool = True) -> Transformer:
             if amx and AmxLinear.fits(module):
                 AmxLinear.convert(module)
             elif opaque or (not one_row and onednn_kernel() is not None):  # a graph calls onednn_linear
-                model.set_submodule(name, PackedLinear(module, keep_weight=one_row, for_graph=not opaque))
+                model.set_submodule(name, PackedLinear(module, keep_weight=one_row, for_graph=not opaque,
+                                                       panels=not one_row))
             elif one_row:
                 module.__class__ = OneRowLinear
     return model

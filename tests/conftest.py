@@ -146,3 +146,12 @@ def run_triton_interpreted():
         return proc.stdout
 
     return run
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Forget what torch.compile traced before this test. Tests that compile a new `PackedLinear` each
+    recompile the same code object (its `forward`); across a module those recompiles pass Dynamo's limit
+    of 8, and a `fullgraph=True` compile then fails for that reason instead of the one under test."""
+    torch._dynamo.reset()
+    yield
