@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from course_lib.attention import cpu_paged, reference_attention
+from course_lib.attention import causal_attention, cpu_paged, reference_attention
 from course_lib.attention.paged import (
     PagedAttention,
     PagedAttentionMetadata,
@@ -211,6 +211,37 @@ def test_cpp_kernel_in_the_backend_decode_and_mixed_steps():
         out, expected, *_ = run_layer(seqs, use_cpp=True)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
+
+
+@pytest.mark.needs_cpp
+def test_cpp_backend_runs_bfloat16_prompts_in_float32():
+    """The fast path's bfloat16 prefill: PyTorch's attention on float32 copies, rounded once into the row."""
+    seqs = [(7, 7), (13, 5), (10, 1), (9, 4)]  # a whole prompt, a later chunk (keys read back), a decode, a chunk
+    cfg = tiny_config(num_layers=1, num_heads=HEADS, num_kv_heads=KV_HEADS, hidden_size=HEADS * HEAD_DIM)
+    torch.manual_seed(0)
+    tables = shuffled_block_tables([c for c, _ in seqs], 4, 24, 0)
+    full = [tuple(torch.randn(c, h, HEAD_DIM).bfloat16() for h in (HEADS, KV_HEADS, KV_HEADS)) for c, _ in seqs]
+    outs = {}
+    for use_cpp in (False, True):
+        cache = PagedKVCache(cfg, num_blocks=24, block_size=4, dtype=torch.bfloat16)
+        past = [c - q for c, q in seqs]
+        md = PagedAttentionMetadata.build(tables, past, past, 4)
+        PagedAttention(cache, md).attend(0, *(torch.cat([t[i][:p] for t, p in zip(full, past)])[None] for i in range(3)))
+        backend = PagedAttention(cache, PagedAttentionMetadata.build(tables, [c for c, _ in seqs],
+                                                                     [q for _, q in seqs], 4), use_cpp=use_cpp)
+        assert backend.prefill_in_float32 == use_cpp
+        outs[use_cpp] = backend.attend(0, *(torch.cat([t[i][p:] for t, p in zip(full, past)])[None]
+                                            for i in range(3)))[0]
+    start = 0
+    for (q, k, v), (ctx, n) in zip(full, seqs):
+        want = causal_attention(q[None, ctx - n:].float(), k[None].float(), v[None].float(), start=ctx - n)[0]
+        rows = slice(start, start + n)
+        if n > 1:  # prompts: float32 on the fast path, bfloat16 on the plain one; they round apart
+            assert torch.equal(outs[True][rows], want.bfloat16())
+            torch.testing.assert_close(outs[False][rows].float(), want, atol=2e-2, rtol=2e-2)
+        start += n
+    assert not torch.equal(outs[True], outs[False])
+    assert not PagedAttention(PagedKVCache(cfg, num_blocks=4, block_size=4), md, use_cpp=True).prefill_in_float32
 
 def check_triton_against_torch(device: str, dtype: torch.dtype = torch.float32, atol: float = 1e-3) -> float:
     """Max |triton - torch| over the cases; raises if any exceeds atol."""
