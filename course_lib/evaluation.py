@@ -8,7 +8,8 @@
     kl_divergence(ref, q)                                # mean KL(P_model || P_quantized), nats per token
     linear_weight_bytes(quantized) / linear_weight_bytes(model)
     decode_tokens_per_second(quantized, ids[:16])
-    step_timings({"float32": model, "int4": quantized})  # decode and prefill steps, timed in interleaved rounds
+    steps = step_timings({"float32": model, "int4": quantized})  # decode and prefill steps, timed in interleaved rounds
+    paired_speedup(steps, "float32", "int4", "decode")  # int4 over float32, round by round
 
 Perplexity is exp of the mean negative log-likelihood of each next token given the ones before
 it: lower means the text surprised the model less. Top-1 agreement is teacher-forced: both models
@@ -218,3 +219,11 @@ def step_timings(models: Mapping[str, nn.Module], context_len: int = 64, prefill
             points[label] = {"decode": dec, "prefill": pre}
     return {label: {kind: RooflinePoint(p.name, p.cost, Timing.from_samples(samples[label][kind]))
                     for kind, p in points[label].items()} for label in models}
+
+
+def paired_speedup(steps: Mapping[str, Mapping[str, RooflinePoint]], base: str, other: str, kind: str) -> float:
+    """How many times faster `other`'s `kind` ("decode" or "prefill") step ran than `base`'s, from
+    `step_timings`: the median over the rounds of base's sample over other's, each pair timed a second
+    apart. A burst of load slows both sides of a pair, where it could slow one format's best sample only."""
+    a, b = steps[base][kind].timing.all, steps[other][kind].timing.all
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))

@@ -104,3 +104,18 @@ def test_step_timings_interleave_rounds_and_keep_every_sample(tiny):
     for points in out.values():
         assert len(points["decode"].timing.all) == 6 and len(points["prefill"].timing.all) == 2
         assert points["decode"].cost.flops < points["prefill"].cost.flops
+
+
+def test_paired_speedup_is_the_median_of_each_rounds_ratio():
+    from types import SimpleNamespace
+
+    from course_lib.profiling.timer import Timing
+
+    def steps(**samples):
+        return {k: {"decode": SimpleNamespace(timing=Timing.from_samples(v))} for k, v in samples.items()}
+
+    timed = steps(f32=[2.0, 3.0, 8.0], int4=[1.0, 1.0, 2.0])  # rounds' ratios 2, 3, 4; best over best: 2
+    assert ev.paired_speedup(timed, "f32", "int4", "decode") == pytest.approx(3.0)
+    assert ev.paired_speedup(timed, "int4", "f32", "decode") == pytest.approx(1 / 3)
+    with pytest.raises(ValueError):  # samples from different runs do not pair
+        ev.paired_speedup(steps(f32=[1.0, 2.0], int4=[1.0]), "f32", "int4", "decode")

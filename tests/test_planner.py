@@ -199,6 +199,16 @@ def test_plan_predicts_the_engine_on_this_machine(llm):
         pytest.skip(f"judged {list(ratios.index) or 'nothing'}; {left_out}")
 
 
+def test_busy_cores_judges_a_run_when_any_reading_shows_both_cores(monkeypatch):
+    from course_lib.planner.validate import busy_cores
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert busy_cores(1.9) == "" and busy_cores(1.2, 1.9) == ""
+    assert "only 1.30x" in busy_cores(1.2, 1.3) and "only 1.20x" in busy_cores(1.2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert busy_cores(1.0) == ""  # one thread: nothing to hold
+
+
 @pytest.mark.parametrize("speedup,spread,kept", [(2.0, 1.1, 3), (2.0, 1.5, 1), (1.2, 1.1, 0)])
 def test_judged_leaves_out_what_the_run_cannot_tell(speedup, spread, kept, monkeypatch):
     import pandas as pd
