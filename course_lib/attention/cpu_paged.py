@@ -3,8 +3,10 @@
 The PyTorch reference, `paged.paged_decode_attention`, gathers every sequence's blocks into one
 padded tensor and runs a masked SDPA: it writes the whole context of the batch once more and then
 reads it back, padding included. This kernel reads each sequence's K/V once, in place, through its
-block table. Its figures per call are at the top of the source (`python -m benchmarks.decode_attention`
-measures them on your machine, against the reference); `benchmarks/compare.py` measures whole steps.
+block table. The fast path (`PagedAttention(use_cpp=True)`) also sends a prompt's tokens through it, each
+a row that sees the tokens up to itself: one call a layer for the whole step. Its figures per call are at
+the top of the source (`python -m benchmarks.decode_attention` measures them on your machine, against the
+reference); `benchmarks/compare.py` measures whole steps.
 
 The source is compiled on first use (`course_lib.cpp_build`: needs a C++ compiler and ninja; ~30-60 s
 once, then cached by PyTorch). Where it cannot be built, `available()` is False, says why once, and

@@ -9,6 +9,11 @@
 //   4. out[h] = sum_t p[h, t] * v[t, h / group], read in place through the block table
 //
 // No gather into a padded tensor and no mask: each sequence reads exactly its own context_len tokens.
+// A "sequence" here is one query row: PagedAttention(use_cpp=True) also passes each prompt token as a row
+// with its sequence's block table and context_len = its position + 1 (causal attention, one row at a time).
+// Against one PyTorch flash call per prompt (Zen 4, 9 heads of 64, a layer, float32 and bfloat16, two runs):
+// 64 prompts of 48-127 tokens 2.0-3.3x; one prompt of 512 1.6-2.0x, of 1024 or 2048 1.0-1.6x (each query
+// reads its whole prefix again, from cache, where flash reuses a tile of keys for many queries).
 //
 // Two versions of the same steps: `paged_decode` (plain loops, any dtype and head_dim: the readable one,
 // and the one for float64) and `paged_decode_vec` (float, bfloat16, float16 with head_dim 64 or 128: the
@@ -244,7 +249,10 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
     std::vector<float> qf(num_heads * HEAD_DIM), acc(num_heads * HEAD_DIM), scores;
     std::vector<fVec> dots(kMaxHB * kTile);
     std::vector<const scalar_t*> k_rows, v_rows;  // where each token's K / V row starts
-    for (int64_t seq = begin; seq < end; ++seq) {
+    for (int64_t r = begin; r < end; ++r) {
+      // Rows taken from both ends in turn (0, n-1, 1, n-2, ...): when the rows are a prompt's tokens, the i-th
+      // seeing i + 1 of them, each thread's share of rows then holds about as many (token, query) pairs.
+      const int64_t seq = r % 2 == 0 ? r / 2 : num_seqs - 1 - r / 2;
       const int64_t cached = context_lens[seq], ctx = cached + (k_new != nullptr);
       const int32_t* table = block_tables + seq * max_blocks;
       k_rows.resize(ctx), v_rows.resize(ctx);  // looked up once for all KV heads: no division per token in the loops

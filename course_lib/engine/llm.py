@@ -50,7 +50,8 @@ class LLM:
 
     `fast_path=True` runs the fused twin of the model (`course_lib.fast_path`: one matmul for q/k/v,
     one for gate/up, fused RMSNorm; on the CPU, weights packed for oneDNN (bfloat16) or MKL (float32)) and, on the
-    CPU, decode attention through the C++ kernel (engine option `cpp_decode_attention`). The
+    CPU, attention through the C++ decode kernel, a prompt's tokens as decode rows (engine option
+    `cpp_decode_attention`). The
     reference model, whose modules the early chapters read by name, is the default.
 
     Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free

@@ -46,7 +46,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     compile_decode: bool = False  # torch.compile the decode step at start-up (minutes on a CPU; see compiled_decode)
-    cpp_decode_attention: bool = False  # on the CPU, decode attention through the C++ kernel (attention/cpu_paged.py)
+    cpp_decode_attention: bool = False  # on the CPU, attention through the C++ decode kernel (attention/cpu_paged.py)
 
     def __post_init__(self) -> None:
         at_least_1 = lambda v: v >= 1  # noqa: E731

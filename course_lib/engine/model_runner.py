@@ -23,7 +23,8 @@ class ModelRunner:
     With `compile_decode=True`, decode-only steps go through a `CompiledDecodeStep` (compiled here,
     once): steps of one sequence always, batched ones when it uses the C++ kernel;
     other steps run eagerly. `cpp_decode_attention=True` gives decode rows the C++ kernel on the CPU,
-    in the compiled graph and in eager steps (`PagedAttention(use_cpp=True)`).
+    in the compiled graph and in eager steps (`PagedAttention(use_cpp=True)`), where prompt tokens go
+    through it too, each a row that sees the tokens up to itself.
     """
 
     def __init__(self, model: Transformer, kv_cache: PagedKVCache, compile_decode: bool = False,
