@@ -24,7 +24,7 @@
 // load of its K (V) part and the multiply-adds; the scores of 16 tokens are summed across lanes at once
 // (`lane_sums`). Each sequence's row addresses are looked up in its block table once (`k_rows`, `v_rows`),
 // not per token and KV head. Inside a decode step the K/V is never in cache (the layer's weights streamed
-// through since it was read), so it prefetches rows 8 tokens ahead.
+// through since it was read), so it prefetches rows 16 tokens ahead, into L2.
 // Measured per call on a 2-core Xeon (AVX-512, AMX), 9 query and 3 KV heads of 64, after 32 MB of other
 // writes, median of 60-150 calls alternated in one process, the previous vector version (a token's row
 // whole for all heads, outputs in memory) -> by KV head: float32 64 sequences of 90-190 tokens 1380 -> 1206 us,
@@ -34,8 +34,15 @@
 // bfloat16 1012 -> 918 us; 16 sequences level to 1.06x. Now the kernel reads K/V at 7-9 GB/s against
 // 11-15 GB/s of copy bandwidth, and a call whose K/V fits in L2 (8 sequences, 1 thread) takes a third of the
 // time of the same call cold: it is close to memory-bound; other loop orders (block by block, all KV heads
-// at once, with whole rows prefetched) and prefetch distances were no faster. `benchmarks/decode_attention.py`
-// measures it against the PyTorch reference, with its GB/s.
+// at once, with whole rows prefetched) and prefetch distances were no faster. On a 2-core AMD EPYC (Zen 4),
+// 64 sequences took 380-400 us warm and 830-1060 us cold (bfloat16; float32 about the same warm): there the
+// prefetches into L1 8 rows ahead were the limit. Into L2 16 rows ahead (60-80 calls alternated, K/V evicted,
+// three runs): 16 and 64 sequences 1.2-1.4x, 1 sequence 1.04-1.12x; into L1 16 ahead, or V alone into L2,
+// gained less; one KV head alone (its rows contiguous, as a per-KV-head cache layout would make them) read
+// no faster per head. Compiled engine, taking turns (4 rounds, median), 64 requests x 64 tokens: bfloat16
+// 452 -> 478 tok/s, float32 236 -> 230 (its rounds spread 217-268); 16 requests: 424 -> 431, 203 -> 218;
+// batch-1: 70.7 -> 73.1, 45.9 level. `benchmarks/decode_attention.py` measures it against the PyTorch
+// reference, with its GB/s.
 
 // Use the widest vector code this build's -march=native allows (ATen's own kernels are built per width).
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
@@ -141,14 +148,15 @@ inline void load_as_float(const scalar_t* p, fVec* out) {
   }
 }
 
-// Load the cache lines of one token's K (or V) row of all KV heads ahead of use. In a decode step the
-// cache is cold (the layer's weights streamed through since it was last read) and a sequence's rows sit
-// in scattered blocks, so without this each row waits on memory in turn.
-constexpr int64_t kPrefetchRows = 8;  // tokens ahead
+// Ask for the cache lines of a token's K (or V) part ahead of use. In a decode step the cache is cold (the
+// layer's weights streamed through since it was last read) and a sequence's rows sit in scattered blocks,
+// so without this each row waits on memory in turn. Into L2 (locality 2: prefetcht1 on x86), not L1: the
+// L1 has few slots for lines in flight, and V, prefetched during step 2, is read only in step 4.
+constexpr int64_t kPrefetchRows = 16;  // tokens ahead
 template <typename scalar_t>
 inline void prefetch_row(const scalar_t* row, int64_t len) {
   const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t b = 0; b < len * int64_t(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 3);
+  for (int64_t b = 0; b < len * int64_t(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 2);
 }
 
 // Lane sums of kTile float vectors: out[j] = the sum of d[j]'s lanes, for j < n. With AVX-512, one
