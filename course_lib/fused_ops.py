@@ -4,6 +4,7 @@
     add_rms_norm(x, y, w, eps)      == (x + y, rms_norm(x + y, w, eps))              residual add + next norm
     rope_qk_(qkv, cos, sin, ...)    == apply_rope on the q and k heads, in place     (`model.apply_rope`)
     silu_mul(gate_up)               == F.silu(gate) * up                             (SwiGLU's middle)
+    argmax_rows(logits)             == logits.max(-1).indices                        (greedy sampling)
 
 Eager PyTorch runs each of these as 5-8 kernels over a few thousand numbers, each a parallel region
 with its own start-up cost: in a decode step of 64 sequences of the default model, RMSNorm, RoPE and
@@ -83,3 +84,14 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
     return ext.silu_mul(gate_up.contiguous())
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """The first index of each row's largest value, a NaN counting as largest: `logits.max(-1).indices`.
+
+    For 64 rows of 49152 (a greedy decode step of 64 sequences) PyTorch took 2.3-2.7 ms on a 2-core Zen 4, in
+    float32 and bfloat16, and this kernel 0.4-0.5 ms (1 row: 0.05-0.09 against 0.01-0.02 ms)."""
+    ext = cpp_kernel(logits)
+    if ext is None or logits.dim() == 0 or logits.numel() == 0:
+        return logits.max(-1).indices
+    return ext.argmax_rows(logits.contiguous()).view(logits.shape[:-1])

@@ -1,4 +1,5 @@
-// The elementwise steps of a decoder block, each in one pass over memory (CPU, float32/bfloat16/float16).
+// The elementwise steps of a decoder block, each in one pass over memory (CPU, float32/bfloat16/float16),
+// and greedy sampling's argmax over the vocabulary.
 //
 // Eager PyTorch runs `x * cos + rotate_half(x) * sin` as six kernels and an RMSNorm as eight, each a
 // parallel region over a few thousand numbers: for a decode step of the 135M model that is ~20% of the
@@ -16,6 +17,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <torch/extension.h>
 
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -160,6 +162,55 @@ void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t inter) {
   });
 }
 
+// Greedy sampling's argmax of each row of logits: the first index of the largest value, a NaN counting as
+// larger than any number (PyTorch's `max(-1).indices`, which tracks an index per element: 2.3-2.7 ms for
+// 64 rows of 49152 on a 2-core Zen 4, this 0.4-0.5 ms). Each value becomes an int32 key in the same order
+// (`order_key`), so one vectorized integer pass finds the row's top key and a second the first chunk of 64
+// that holds it. Integer, not float, compares: -ffast-math (this file's build) lets a compiler drop isnan.
+inline int32_t order_key(uint32_t bits) {  // bits: a float32's
+  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;  // any NaN: above +inf
+  bits = bits == 0x80000000u ? 0u : bits;  // -0 == +0
+  const uint32_t negative = static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31);  // all ones if < 0
+  const int32_t key = static_cast<int32_t>(bits ^ (negative & 0x7fffffffu));  // a negative's magnitude reversed
+  return nan ? INT32_MAX : key;
+}
+
+template <typename T>
+inline uint32_t float_bits(T v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return static_cast<uint32_t>(v.x) << 16;  // bfloat16: the top half
+  const float f = static_cast<float>(v);
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+template <typename T>
+void argmax_rows_impl(const T* x, int64_t* out, int64_t rows, int64_t n) {
+  constexpr int64_t kChunk = 64;
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> keys(n);
+    int32_t* k = keys.data();
+    for (int64_t r = begin; r < end; ++r) {
+      const T* row = x + r * n;
+      int32_t top = INT32_MIN;
+#pragma omp simd reduction(max : top)
+      for (int64_t i = 0; i < n; ++i) {
+        k[i] = order_key(float_bits(row[i]));
+        top = k[i] > top ? k[i] : top;
+      }
+      int64_t c = 0;
+      for (; c + kChunk <= n; c += kChunk) {  // the first whole chunk that holds the top key, if one does
+        int hit = 0;
+#pragma omp simd reduction(| : hit)
+        for (int64_t i = 0; i < kChunk; ++i) hit |= k[c + i] == top;
+        if (hit) break;
+      }
+      while (k[c] != top) ++c;  // its first lane (or the first in the short tail)
+      out[r] = c;
+    }
+  });
+}
+
 }  // namespace
 
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
@@ -204,9 +255,19 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   return out;
 }
 
+torch::Tensor argmax_rows(torch::Tensor x) {
+  const int64_t n = x.size(-1);
+  auto out = torch::empty({x.numel() / n}, x.options().dtype(at::kLong));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "argmax_rows", [&] {
+    argmax_rows_impl<scalar_t>(x.data_ptr<scalar_t>(), out.data_ptr<int64_t>(), x.numel() / n, n);
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, one pass");
   m.def("add_rms_norm", &add_rms_norm, "(x + add, rms_norm(x + add)): residual add and norm, one pass");
   m.def("rope_qk_", &rope_qk_, "RoPE in place on the first rot_heads heads of packed qkv rows");
   m.def("silu_mul", &silu_mul, "silu(gate) * up from [.., 2 * inter] rows");
+  m.def("argmax_rows", &argmax_rows, "first index of each row's largest value (NaN largest)");
 }

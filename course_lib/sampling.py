@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .checks import Integral, Real, invalid, number
+from .fused_ops import argmax_rows
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy, as in vLLM: logits / 1e-40 overflow to inf, softmax to NaN
 
@@ -163,9 +164,9 @@ class Sampler:
                  request_ids: list[str]) -> list[int]:
         """logits [num_seqs, vocab]; histories: prompt + output ids of each sequence (for the penalty)."""
         if all(p.greedy and p.repetition_penalty == 1.0 for p in params):
-            # A greedy batch: one argmax over all rows. max().indices keeps argmax's rule (the first of
-            # tied maxima) and was measured 2-4x faster on the CPU (64 x 49152 bfloat16: 1.3 vs 5.0 ms).
-            return logits.max(-1).indices.tolist()
+            # A greedy batch: one argmax over all rows, the first of tied maxima (`fused_ops.argmax_rows`:
+            # on the CPU a vector kernel, 0.4-0.5 against 2.3-2.7 ms for 64 x 49152; elsewhere max().indices).
+            return argmax_rows(logits).tolist()
         tokens = []  # 0-d tensors; one .tolist() at the end is the only device sync
         for row, p, hist, rid in zip(logits, params, histories, request_ids):
             seen = None
