@@ -248,7 +248,7 @@ class PagedAttention:
     decode row that sees the first context_len - n + j + 1 tokens, all in the cache once this step's K/V are
     stored. One call for the whole step, not a flash call per prompt; it sums in float32 for bfloat16 too.
     Against those calls (Zen 4, 9 heads of 64, one layer, float32 and bfloat16, two runs): 64 prompts of 48-127
-    tokens 2.0-3.3x, one prompt of 512 tokens 1.6-2.0x, of 1024 or 2048 1.0-1.6x.
+    tokens 2.0-3.3x, one prompt of 512 tokens 1.6-2.0x, of 1024 or 2048 0.96-1.6x.
     """
 
     def __init__(self, kv_cache: PagedKVCache, attn_metadata: PagedAttentionMetadata,

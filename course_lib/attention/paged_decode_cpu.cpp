@@ -12,7 +12,7 @@
 // A "sequence" here is one query row: PagedAttention(use_cpp=True) also passes each prompt token as a row
 // with its sequence's block table and context_len = its position + 1 (causal attention, one row at a time).
 // Against one PyTorch flash call per prompt (Zen 4, 9 heads of 64, a layer, float32 and bfloat16, two runs):
-// 64 prompts of 48-127 tokens 2.0-3.3x; one prompt of 512 1.6-2.0x, of 1024 or 2048 1.0-1.6x (each query
+// 64 prompts of 48-127 tokens 2.0-3.3x; one prompt of 512 1.6-2.0x, of 1024 or 2048 0.96-1.6x (each query
 // reads its whole prefix again, from cache, where flash reuses a tile of keys for many queries).
 //
 // Two versions of the same steps: `paged_decode` (plain loops, any dtype and head_dim: the readable one,
@@ -37,8 +37,8 @@
 // at once, with whole rows prefetched) and prefetch distances were no faster. On a 2-core AMD EPYC (Zen 4),
 // 64 sequences took 380-400 us warm and 830-1060 us cold (bfloat16; float32 about the same warm): there the
 // prefetches into L1 8 rows ahead were the limit. Into L2 16 rows ahead (60-80 calls alternated, K/V evicted,
-// three runs): 16 and 64 sequences 1.2-1.4x, 1 sequence 1.04-1.12x; into L1 16 ahead, or V alone into L2,
-// gained less; one KV head alone (its rows contiguous, as a per-KV-head cache layout would make them) read
+// three runs): 16 and 64 sequences 1.2-1.4x, 1 sequence 1.04-1.12x; into L1 16 or 32 ahead, or V alone into
+// L2, gained less; one KV head alone (its rows contiguous, as a per-KV-head cache layout would make them) read
 // no faster per head. Compiled engine, taking turns (4 rounds, median), 64 requests x 64 tokens: bfloat16
 // 452 -> 478 tok/s, float32 236 -> 230 (its rounds spread 217-268); 16 requests: 424 -> 431, 203 -> 218;
 // batch-1: 70.7 -> 73.1, 45.9 level. `benchmarks/decode_attention.py` measures it against the PyTorch
