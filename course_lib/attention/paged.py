@@ -265,13 +265,12 @@ class PagedAttention:
         self.decode_seq_indices = torch.tensor(decodes, dtype=torch.int64, device=device)  # [num_decodes]
         self.decode_token_indices = torch.tensor([qsl[i] for i in decodes], dtype=torch.int64, device=device)
         self.decode_max_context_len = max((md.context_lens_cpu[i] for i in decodes), default=0)
-        if self.use_cpp and not self.all_decode:  # each query token as a decode row: its table, what it sees
+        if self.use_cpp:  # each query token as a decode row: its sequence's table, how many tokens it sees
             row_seqs = [i for i, n in enumerate(query_lens) for _ in range(n)]
             sees = [md.context_lens_cpu[i] - n + j + 1 for i, n in enumerate(query_lens) for j in range(n)]
-            self.row_tables = md.block_tables[torch.tensor(row_seqs, dtype=torch.int64, device=device)]
+            self.row_tables = md.block_tables if self.all_decode else md.block_tables[
+                torch.tensor(row_seqs, dtype=torch.int64, device=device)]  # [num_tokens, max_blocks]
             self.row_lens = torch.tensor(sees, dtype=torch.int32, device=device)  # [num_tokens]
-        else:
-            self.row_tables, self.row_lens = md.block_tables, md.context_lens
         self.skip_slots = bool((md.slot_mapping < 0).any())  # one host sync per step, not per layer
         self.done = False
 
