@@ -257,6 +257,44 @@ def test_calibrate_recovers_the_fractions_the_times_were_made_with(monkeypatch):
     assert got == pytest.approx(tuple(truth.values()), rel=1e-6)
 
 
+def test_calibrate_on_a_tiny_model_gives_fractions_that_reproduce_its_measurements(tokenizer, monkeypatch):
+    """`calibrate` end to end on a 2-layer random model of the default architecture (about a second): one round's
+    fractions are positive, finite shares of the ceilings, and `plan` given them and each step's ceilings predicts
+    exactly the time calibrate measured for that step (its three equations, solved)."""
+    import dataclasses
+    import math
+
+    from course_lib.engine.llm import LLM
+    from course_lib.model import Transformer
+    from course_lib.planner import validate as val
+
+    cfg = dataclasses.replace(load_config("SmolLM2-135M-Instruct"), hidden_size=64, intermediate_size=128,
+                              num_layers=2, num_heads=4, num_kv_heads=2, head_dim=None, max_position_embeddings=256,
+                              name="tiny")
+    torch.manual_seed(0)
+    llm = LLM.from_model(Transformer(cfg).eval(), tokenizer)
+    seen = []  # in calibrate's order: a step's ceilings, then its time
+
+    def spy(fn):
+        def recorded(*args, **kwargs):
+            seen.append(fn(*args, **kwargs))
+            return seen[-1]
+        return recorded
+
+    monkeypatch.setattr(val.DeviceSpec, "measure", spy(DeviceSpec.measure))
+    for name in ("measure_tpot", "measure_ttft", "measure_step"):
+        monkeypatch.setattr(val, name, spy(getattr(val, name)))
+    sizes = dict(prompt_tokens=64, concurrency=16, decode_tokens=12)
+    fractions = val.calibrate(llm, rounds=1, repeats=1, **sizes)
+
+    assert len(fractions) == 3 and all(math.isfinite(f) and f > 0 for f in fractions), fractions
+    shares = dict(zip(("bandwidth_fraction", "prefill_flops_fraction", "decode_flops_fraction"), fractions))
+    steps = val._steps(llm, sizes["prompt_tokens"], sizes["concurrency"], sizes["decode_tokens"], tag=0)
+    assert len(seen) == 2 * len(steps)
+    for (figure, _, args, predicted, _, _), spec, seconds in zip(steps, seen[::2], seen[1::2]):
+        assert predicted(plan(cfg, spec, dtype="float32", **args, **shares)) == pytest.approx(seconds, rel=1e-6), figure
+
+
 # --- the CLI and the widget ---------------------------------------------------------------------------------
 
 def test_cli_prints_the_plan(capsys):

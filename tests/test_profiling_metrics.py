@@ -1,8 +1,11 @@
 """Request metrics from known timestamps give known values."""
+import ast
 import math
+from pathlib import Path
 
 import pytest
 
+import course_lib.engine
 from course_lib.profiling import RequestMetrics, metrics_frame, percentiles, summarize, summary_frame
 
 
@@ -79,3 +82,35 @@ def test_run_summary_and_tables():
 def test_summarize_needs_finished_requests():
     with pytest.raises(ValueError, match="duration"):
         summarize([RequestMetrics(arrival_time=0.0)])
+
+
+def _imported_modules(path: Path, package: str) -> set[str]:
+    """Absolute names of every module `path` imports (relative ones resolved against its `package`)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from .. import profiling`
+    return found
+
+
+def test_engine_does_not_import_profiling():
+    """The engine owns `RequestMetrics`; profiling builds on the engine, never the other way round."""
+    engine_dir = Path(course_lib.engine.__file__).parent
+    for path in sorted(engine_dir.rglob("*.py")):
+        package = ".".join(path.parent.relative_to(engine_dir.parent.parent).parts)
+        bad = {m for m in _imported_modules(path, package)
+               if m == "course_lib.profiling" or m.startswith("course_lib.profiling.")}
+        assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+def test_request_metrics_is_one_class():
+    import course_lib.profiling.metrics
+    from course_lib.engine.metrics import RequestMetrics as EngineMetrics
+    assert RequestMetrics is EngineMetrics is course_lib.profiling.metrics.RequestMetrics

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from course_lib import SamplingParams
+from course_lib.checks import invalid
 from course_lib.serve import BackgroundServer, create_app, free_port, wait_until_healthy
 from course_lib.serve.bench import main as bench_main
 from course_lib.serve.watch import parse_metrics
@@ -117,6 +118,25 @@ def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(server, client, path,
     assert ok.usage.completion_tokens >= 1
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("field,value", [("stop_token_ids", [10**7]), ("temperature", -1), ("max_tokens", 0)])
+def test_a_bad_field_is_named_in_param(server, path, field, value):
+    prompt = {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    r = post(server, path, {**prompt, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_the_field_an_engine_check_names_reaches_the_client(llm, server, monkeypatch, path):
+    def refuse(prompt, params):  # a check whose message names no field the old text search knew
+        raise invalid(ValueError, "SamplingParams.max_tokens", "at most 4 with this prompt", params.max_tokens)
+
+    monkeypatch.setattr(llm.engine, "check_request", refuse)
+    prompt = {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    r = post(server, path, {**prompt, "max_tokens": 9})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
 def test_prompt_longer_than_the_context_is_a_400(llm, server):
     r = post(server, "/v1/completions", {"prompt": [1] * llm.engine.max_model_len, "max_tokens": 1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
@@ -138,6 +158,32 @@ def test_client_that_disconnects_mid_stream_frees_its_blocks(server):
     assert metric(server, "num_requests_waiting") == 0
 
 
+def test_a_failing_engine_step_is_a_503_and_the_server_keeps_serving(llm, server, client, monkeypatch):
+    def broken(batch):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(llm.engine.model_runner, "run", broken)
+    r = post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
+    assert r.status_code == 503
+    error = r.json()["error"]
+    assert error["type"] == "server_error" and "RuntimeError: boom" in error["message"]
+
+    # streaming: the status line (200) has gone out, so the error is a chunk, then the stream ends as usual
+    body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    assert json.loads(lines[-2])["error"]["type"] == "server_error"
+
+    # the failed requests were aborted (no blocks held), /health still answers, and a healthy step serves again
+    assert metric(server, "num_requests_running") == 0 and metric(server, "kv_cache_usage_perc") == 0
+    assert httpx.get(server.url + "/health").status_code == 200
+    monkeypatch.undo()
+    ok = client.completions.create(model=NAME, prompt="Hello", max_tokens=2)
+    assert ok.usage.completion_tokens >= 1
+
+
 def test_client_benchmark_against_the_server(server, tmp_path, capsys):
     summary = bench_main(["--base-url", server.url, "--concurrency", "4", "--num-requests", "8",
                           "--max-tokens", "6", "--prompt-words", "12", "--json", str(tmp_path / "b.json")])
@@ -145,6 +191,31 @@ def test_client_benchmark_against_the_server(server, tmp_path, capsys):
     assert 0 < summary["ttft_p50"] <= summary["e2e_p50"] and summary["tpot_mean"] > 0
     assert "TTFT" in capsys.readouterr().out
     assert len(json.loads((tmp_path / "b.json").read_text())["records"]) == 8
+
+
+def test_bench_summary_agrees_with_the_profiling_summary():
+    """Client-side records are summarised with the same arithmetic as the engine's `RequestMetrics`."""
+    from course_lib.profiling import RequestMetrics, summarize
+    from course_lib.serve.bench import ClientRecord
+    from course_lib.serve.bench import summarize as bench_summarize
+
+    timestamps = [(0.0, [0.5, 0.6, 0.8]), (0.1, [1.0, 1.5]), (0.2, [0.9])]  # (sent, chunk times); one chunk = one token
+    records = [ClientRecord(sent=s, chunk_times=c, prompt_tokens=7, output_tokens=len(c)) for s, c in timestamps]
+    records.append(ClientRecord(sent=0.3, error="ReadTimeout: timed out"))  # counted, left out of the numbers
+    metrics = []
+    for s, chunks in timestamps:
+        m = RequestMetrics(arrival_time=s, num_prompt_tokens=7)
+        for t in chunks:
+            m.record_token(t)
+        m.record_finished(chunks[-1])
+        metrics.append(m)
+    got, want = bench_summarize(records, 2.0, ps=(50, 95)), summarize(metrics, 2.0, ps=(50, 95))
+    assert (got["requests"], got["failed"]) == (4, 1)
+    for key in ("output_tokens", "output_throughput", "request_throughput"):
+        assert got[key] == pytest.approx(want[key])
+    for mine, theirs in [("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2e_latency")]:
+        for stat in ("mean", "p50", "p95"):
+            assert got[f"{mine}_{stat}"] == pytest.approx(want[f"{theirs}_{stat}"]), (mine, stat)
 
 
 def test_watcher_and_plots_of_a_concurrency_sweep(server):

@@ -32,8 +32,34 @@ from course_lib.sampling import Sampler, processed_logits
     ("n", True, TypeError, "1"),
 ])
 def test_bad_sampling_params_raise_with_field_value_and_allowed(field, value, error, allowed):
-    with pytest.raises(error, match=f"SamplingParams.{field} must be .*{allowed}.*, got {re.escape(repr(value))}$"):
+    match = f"SamplingParams.{field} must be .*{allowed}.*, got {re.escape(repr(value))}$"
+    with pytest.raises(error, match=match) as e:
         SamplingParams(**{field: value})
+    assert e.value.param == field  # the bare field name, what a server reports as OpenAI's `param`
+
+
+@pytest.mark.parametrize("options,param", [
+    ({"max_num_seqs": 0}, "max_num_seqs"), ({"block_size": "16"}, "block_size"),
+    ({"kv_cache_memory": 1.5}, "kv_cache_memory"), ({"enable_prefix_caching": 1}, "enable_prefix_caching"),
+])
+def test_bad_engine_options_name_their_field(options, param):
+    from course_lib.engine.llm_engine import EngineConfig
+
+    with pytest.raises((TypeError, ValueError), match=f"EngineConfig.{param} must be") as e:
+        EngineConfig(**options)
+    assert e.value.param == param
+
+
+def test_check_request_errors_name_their_field(tiny, tokenizer):
+    model = tiny()
+    engine, vocab = course_lib.LLM.from_model(model, tokenizer, kv_cache_memory=1 << 20).engine, model.config.vocab_size
+    cases = [([1, 2], SamplingParams(stop_token_ids=[vocab]), "stop_token_ids"),
+             ([vocab], SamplingParams(), "prompt"), ([], SamplingParams(), "prompt"),
+             ([1] * engine.max_model_len, SamplingParams(), "prompt"), (3.5, SamplingParams(), "prompt")]
+    for prompt, params, param in cases:
+        with pytest.raises((TypeError, ValueError)) as e:
+            engine.check_request(prompt, params)
+        assert e.value.param == param, (prompt, str(e.value))
 
 
 def test_numpy_numbers_are_accepted_and_stored_as_python_numbers():

@@ -6,7 +6,7 @@ import threading
 import time
 
 from course_lib import SamplingParams
-from course_lib.viz.chat import ChatSession, ReplyStats, chat_widget, render_messages
+from course_lib.viz.chat import ChatSession, ReplyStats, chat_widget, default_params, render_messages
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0)
 
@@ -45,6 +45,14 @@ def test_reply_stats_readout():
     assert stats.tokens_per_s == 10.0
     assert stats.readout() == "TTFT 200 ms · 10.0 tok/s · 11 tokens · length"
     assert ReplyStats().tokens_per_s is None and ReplyStats().readout().startswith("TTFT –")
+
+
+def test_session_and_widget_share_one_default():
+    llm = object()  # neither touches the model before the first message
+    widget = chat_widget(llm, system="Be brief.")
+    assert ChatSession(llm).params == widget.session.params == default_params()
+    assert ChatSession(llm).params is not ChatSession(llm).params  # each session may change its own
+    assert widget.session.messages == [{"role": "system", "content": "Be brief."}]
 
 
 def test_render_escapes_text():

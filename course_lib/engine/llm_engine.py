@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Iterator
 
 from ..attention.paged import PagedKVCache
-from ..checks import Integral, Real, invalid, number
+from ..checks import Integral, Real, invalid, number, with_param
 from ..model import Transformer
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
@@ -130,31 +130,36 @@ class LLMEngine:
     def check_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
         """Check a prompt (text or token ids) and its params against this model; return its token ids.
 
-        Raises TypeError/ValueError naming what is wrong, so bad input never reaches torch (an id
-        outside the vocabulary is an IndexError on the CPU and a device-side assert on a GPU).
+        Raises TypeError/ValueError naming what is wrong, its `param` set to the field ("prompt", "stop_token_ids"),
+        so bad input never reaches torch (an id outside the vocabulary is an IndexError on the CPU and a
+        device-side assert on a GPU).
         """
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         vocab = self.model.config.vocab_size
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)):
-            allowed = f"a prompt of token ids must hold integers in [0, {vocab}) (the vocabulary)"
-            if not all(isinstance(t, Integral) and not isinstance(t, bool) for t in prompt):
-                raise TypeError(f"{allowed}, got {[t for t in prompt if not isinstance(t, Integral)][:1]!r}")
-            ids = [int(t) for t in prompt]
-            if not all(0 <= t < vocab for t in ids):
-                raise ValueError(f"{allowed}, got {[t for t in ids if not 0 <= t < vocab][0]}")
-        else:
-            raise TypeError(f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}")
-        if not ids:
-            raise ValueError("prompt is empty: it must hold at least one token")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt is {len(ids)} tokens, but the context window (max_model_len) is "
-                             f"{self.max_model_len}: the prompt must be shorter than {self.max_model_len} tokens")
+        try:
+            if isinstance(prompt, str):
+                ids = self.tokenizer.encode(prompt)
+            elif isinstance(prompt, (list, tuple)):
+                allowed = f"a prompt of token ids must hold integers in [0, {vocab}) (the vocabulary)"
+                if not all(isinstance(t, Integral) and not isinstance(t, bool) for t in prompt):
+                    raise TypeError(f"{allowed}, got {[t for t in prompt if not isinstance(t, Integral)][:1]!r}")
+                ids = [int(t) for t in prompt]
+                if not all(0 <= t < vocab for t in ids):
+                    raise ValueError(f"{allowed}, got {[t for t in ids if not 0 <= t < vocab][0]}")
+            else:
+                raise TypeError(f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+            if not ids:
+                raise ValueError("prompt is empty: it must hold at least one token")
+            if len(ids) >= self.max_model_len:
+                raise ValueError(f"prompt is {len(ids)} tokens, but the context window (max_model_len) is "
+                                 f"{self.max_model_len}: the prompt must be shorter than {self.max_model_len} tokens")
+        except (TypeError, ValueError) as e:
+            with_param(e, "prompt")
+            raise
         if any(t >= vocab for t in params.stop_token_ids):
-            raise ValueError(f"SamplingParams.stop_token_ids must be ids in [0, {vocab}) (the vocabulary), "
-                             f"got {params.stop_token_ids!r}")
+            raise invalid(ValueError, "SamplingParams.stop_token_ids", f"ids in [0, {vocab}) (the vocabulary)",
+                          params.stop_token_ids)
         return ids
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,

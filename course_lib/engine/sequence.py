@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from ..profiling.metrics import RequestMetrics
+from .metrics import RequestMetrics
 from ..sampling import SamplingParams
 from ..tokenizer import StreamingDetokenizer, Tokenizer
 

@@ -1,7 +1,7 @@
 """Measuring inference: timers, request metrics, memory accounting, FLOP counts, the roofline, torch.profiler.
 
     timer          measure(fn) -> Timing: CUDA events on a GPU, perf_counter on the CPU
-    metrics        RequestMetrics (TTFT, TPOT, ITL, e2e, queue time), summarize, metrics_frame
+    metrics        summarize, metrics_frame of the engine's RequestMetrics (TTFT, TPOT, ITL, e2e); describe
     memory         weight_bytes, kv_cache_bytes, kv_cache_report, memory_breakdown, process_memory
     flops          step_cost / prefill_cost / decode_cost: FLOPs, bytes and intensity of a step
     roofline       measure_ceilings, measure_prefill, measure_decode, RooflinePoint
@@ -14,7 +14,7 @@ from .memory import (activation_bytes, as_model_config, breakdown_frame, kv_byte
                      kv_cache_report, memory_breakdown, process_memory, weight_bytes)
 from .loadtest import (LoadRequest, LoadTestResult, fit_line, poisson_arrivals, run_load_test,
                        single_request_latency, sweep_concurrency, synthetic_requests)
-from .metrics import RequestMetrics, metrics_frame, percentiles, summarize, summary_frame
+from .metrics import RequestMetrics, describe, metrics_frame, percentiles, summarize, summary_frame
 from .roofline import (Ceilings, RooflinePoint, measure_bandwidth, measure_ceilings, measure_decode,
                        measure_matmul_flops, measure_prefill)
 from .timer import Timer, Timing, measure
@@ -25,7 +25,7 @@ __all__ = [
     "kv_cache_report", "memory_breakdown", "process_memory", "weight_bytes",
     "LoadRequest", "LoadTestResult", "fit_line", "poisson_arrivals", "run_load_test", "single_request_latency",
     "sweep_concurrency", "synthetic_requests",
-    "RequestMetrics", "metrics_frame", "percentiles", "summarize", "summary_frame",
+    "RequestMetrics", "describe", "metrics_frame", "percentiles", "summarize", "summary_frame",
     "Ceilings", "RooflinePoint", "measure_bandwidth", "measure_ceilings", "measure_decode",
     "measure_matmul_flops", "measure_prefill",
     "Timer", "Timing", "measure",

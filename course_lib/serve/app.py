@@ -92,8 +92,10 @@ def create_app(llm: LLM, served_model_name: str = "SmolLM2-135M-Instruct", defau
         params = body.sampling_params(default_max_tokens)
         try:  # a prompt longer than the context, a stop id outside the vocab; the ids are the engine's input
             prompt = llm.engine.check_request(prompt, params)
-        except (TypeError, ValueError) as e:
-            param = "stop_token_ids" if "stop_token_ids" in str(e) else "messages" if chat else "prompt"
+        except (TypeError, ValueError) as e:  # the engine's errors name their field in `param`
+            param = getattr(e, "param", None)
+            if param in (None, "prompt"):  # a chat's prompt is made from its messages
+                param = "messages" if chat else "prompt"
             raise OpenAIError(str(e), param) from e
         request_id = new_id("chatcmpl" if chat else "cmpl")
         outputs = engine.generate(prompt, params, request_id)

@@ -19,12 +19,11 @@ import argparse
 import asyncio
 import concurrent.futures
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 
 from ..profiling.loadtest import TOPICS
-from ..profiling.metrics import PERCENTILES, percentiles
+from ..profiling.metrics import PERCENTILES, describe
 
 
 @dataclass
@@ -118,7 +117,7 @@ def benchmark(base_url: str, concurrency: int = 4, num_requests: int = 16, max_t
 
 
 def summarize(records: list[ClientRecord], duration: float, ps=PERCENTILES) -> dict:
-    """Counts, throughput and mean + percentiles of each latency (seconds), failed requests left out."""
+    """Counts, throughput and `describe`'s mean + percentiles of each latency (seconds), failed requests left out."""
     ok = [r for r in records if r.error is None]
     out = {"requests": len(records), "failed": len(records) - len(ok), "duration": duration,
            "output_tokens": sum(r.output_tokens for r in ok), "prompt_tokens": sum(r.prompt_tokens for r in ok)}
@@ -127,9 +126,7 @@ def summarize(records: list[ClientRecord], duration: float, ps=PERCENTILES) -> d
     series = {"ttft": [r.ttft for r in ok], "tpot": [r.tpot for r in ok],
               "itl": [gap for r in ok for gap in r.itl], "e2e": [r.e2e for r in ok]}
     for name, values in series.items():
-        values = [v for v in values if v is not None]
-        out[f"{name}_mean"] = sum(values) / len(values) if values else math.nan
-        out.update({f"{name}_{k}": v for k, v in percentiles(values, ps).items()})
+        out.update({f"{name}_{k}": v for k, v in describe(values, ps).items()})
     return out
 
 

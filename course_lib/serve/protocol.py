@@ -66,10 +66,8 @@ class SamplingFields(BaseModel):
                 top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty, seed=self.seed,
                 stop=self.stop, stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
                 skip_special_tokens=self.skip_special_tokens, n=self.n)
-        except (TypeError, ValueError) as e:  # "SamplingParams.top_p must be ..." -> param "top_p"
-            message = str(e)
-            param = message.split("SamplingParams.", 1)[1].split()[0] if "SamplingParams." in message else None
-            raise OpenAIError(message.replace("SamplingParams.", ""), param) from e
+        except (TypeError, ValueError) as e:  # `checks.invalid` names the field: "SamplingParams.top_p" -> "top_p"
+            raise OpenAIError(str(e).replace("SamplingParams.", ""), getattr(e, "param", None)) from e
 
     @property
     def include_usage(self) -> bool:

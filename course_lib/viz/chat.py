@@ -18,6 +18,11 @@ from typing import Callable
 from ..sampling import SamplingParams
 
 
+def default_params() -> SamplingParams:
+    """The chat box's sampling, shared by `ChatSession` and `chat_widget`: a little randomness, up to 128 tokens."""
+    return SamplingParams(max_tokens=128, temperature=0.7)
+
+
 @dataclass
 class ReplyStats:
     """How one reply went, measured where the text arrives (the notebook), not inside the engine."""
@@ -46,7 +51,7 @@ class ChatSession:
     """A conversation with `llm`: the chat template applied to the whole history on every turn."""
 
     llm: object  # course_lib.LLM
-    params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=128, temperature=0.7))
+    params: SamplingParams = field(default_factory=default_params)
     messages: list[dict] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -91,11 +96,12 @@ def render_messages(messages: list[dict], pending: str | None = None) -> str:
 
 
 def chat_widget(llm, params: SamplingParams | None = None, system: str | None = None):
-    """An ipywidgets chat box over `llm` (needs ipywidgets); returns the widget to display."""
+    """An ipywidgets chat box over `llm` (needs ipywidgets); returns the widget to display.
+
+    `params` defaults to `default_params()`; `system`, if given, opens the conversation as its system prompt."""
     import ipywidgets as widgets
 
-    session = ChatSession(llm, params or SamplingParams(max_tokens=128, temperature=0.7),
-                          [{"role": "system", "content": system}] if system else [])
+    session = ChatSession(llm, params or default_params(), [{"role": "system", "content": system}] if system else [])
     log = widgets.HTML(layout=widgets.Layout(max_height="320px", overflow_y="auto", border="1px solid #ddd"))
     box = widgets.Text(placeholder="Message (Enter to send) · 输入消息", continuous_update=False,
                        layout=widgets.Layout(width="70%"))

@@ -1,0 +1,96 @@
+"""`RequestMetrics`: one request's timestamps, stamped live by the engine as the request moves.
+
+    arrival ──queue_time──► first_scheduled ──► first_token ──► token ──► ... ──► finished
+       └─────────────── TTFT ─────────────────────┘  └─ ITL ─┘
+       └──────────────────────────── e2e_latency ─────────────────────────────────┘
+
+It lives in the engine, which fills it; `course_lib.profiling.metrics` summarises many of them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps of one request, in seconds on one clock (`time.perf_counter` by default).
+
+    The `record_*` methods stamp an event now, or at an explicit `t` (tests, replayed logs).
+    Derived latencies are `None` until the events they need have happened.
+    """
+
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    request_id: str = ""
+
+    def record_scheduled(self, t: float | None = None) -> None:
+        """Mark that the request was scheduled; only the first call counts (preemption reschedules)."""
+        if self.first_scheduled_time is None:
+            self.first_scheduled_time = time.perf_counter() if t is None else t
+
+    def record_token(self, t: float | None = None) -> None:
+        """Mark that one output token was produced; the first one also sets `first_token_time`."""
+        t = time.perf_counter() if t is None else t
+        self.token_times.append(t)
+        if self.first_token_time is None:
+            self.first_token_time = t
+
+    def record_finished(self, t: float | None = None) -> None:
+        """Mark the request as done (stop token, length limit or abort)."""
+        self.finished_time = time.perf_counter() if t is None else t
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far."""
+        return len(self.token_times)
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from arrival to first being scheduled."""
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token: seconds from arrival to the first output token."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def itl(self) -> list[float]:
+        """Inter-token latencies: the gaps between consecutive output tokens, in seconds."""
+        return np.diff(self.token_times).tolist()
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: (last - first token time) / (tokens - 1), the mean ITL.
+
+        vLLM writes it (e2e - TTFT) / (tokens - 1); the two agree when the finish is stamped with the
+        last token, as the engine does (they differ by microseconds: the last token's detokenization).
+        """
+        n = len(self.token_times)
+        return None if n < 2 else (self.token_times[-1] - self.token_times[0]) / (n - 1)
+
+    @property
+    def e2e_latency(self) -> float | None:
+        """Seconds from arrival to finish."""
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+    def as_dict(self) -> dict[str, float | int | str | None]:
+        """One flat row: ids, token counts and the scalar latencies (ITL as its mean)."""
+        itl = self.itl
+        return {
+            "request_id": self.request_id,
+            "prompt_tokens": self.num_prompt_tokens,
+            "output_tokens": self.num_output_tokens,
+            "queue_time": self.queue_time,
+            "ttft": self.ttft,
+            "tpot": self.tpot,
+            "itl_mean": float(np.mean(itl)) if itl else None,
+            "e2e_latency": self.e2e_latency,
+        }
