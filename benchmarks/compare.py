@@ -11,17 +11,21 @@ For each precision it measures, on the default model, greedy with EOS ignored:
 - output tokens/s of 16 and 64 requests submitted at once, with uniform (64 tokens each) and long-tailed
   (log-normal around 24, clipped to [8, 128]) output lengths. `transformers` runs them as one padded batch
   and keeps computing for finished rows until the longest is done; only the tokens asked for are counted.
-Engine variants (`--engines`): "engine" (the reference model), "engine fast" (`fast_path=True`), "engine compiled"
-(`fast_path=True, compile_decode=True`; its compile time is printed and kept in the JSON), each with steps of up to
-4096 tokens (`OFFLINE_BATCHED_TOKENS`, vLLM's offline setting on the CPU).
+Engine variants (`--engines`, default "engine accel,engine compiled"): "engine accel" (`LLM(accel=True)`: this
+machine's plan, `python -m course_lib.accel` prints it) and "engine compiled" (`LLM(accel=True,
+compile_decode=True)`; its compile time is printed and kept in the JSON); "engine" (`LLM()`, the pure-PyTorch
+reference) can be added to see what `course_lib.accel` gains. Each runs steps of up to 4096 tokens
+(`OFFLINE_BATCHED_TOKENS`, vLLM's offline setting on the CPU). Right after each engine is built, one short greedy
+`generate` is timed twice (`first_generate_ratio`: the first call over the second), because one-time costs paid on
+the first call (lazy allocations, kernels' first use) are hidden by the warm-up round of the figures below.
 Peers: `transformers` `generate` in float32 and bfloat16 on the same device; llama.cpp through
 `llama-cpp-python` on the very same Q4_1 GGUF file, when installed (`make bench-peers`). INT8 and INT4
 rows keep everything that is not a quantized linear layer in bfloat16.
 All systems of one precision are loaded at once and take turns: each round runs every one of them once
 (`rounds`), so a machine whose speed drifts slows them alike. Figures are medians of the rounds after a
-warm-up round (`Workload.repeats`, the batches too: with one round, transformers' 16-request bfloat16
-figure moved 196-319 tok/s between runs on a 2-core AMD EPYC; TTFT takes `Workload.ttft_repeats` rounds:
-they are short, and a median of 3 of them moved with the host's noise). Each ratio is engine / peer (higher is better).
+warm-up round (`Workload.repeats`, the batches too, because a single round moves with the host's noise; TTFT
+takes `Workload.ttft_repeats` rounds, because they are short and a few of them give no steady median). Each
+ratio is engine / peer (higher is better). Measured figures and their history: benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -86,9 +90,8 @@ class EngineSystem:
     """The engine through its offline API, prefix caching off (every prompt pays for its prefill).
 
     Steps of up to `OFFLINE_BATCHED_TOKENS` tokens, as vLLM's `LLM` runs on the CPU (its server: 2048;
-    this engine's default: 1024, for short steps while others decode). Bigger steps give oneDNN bigger
-    matmuls: prefill of the 64 prompts below, alternated in one process on a 2-core Xeon, bfloat16
-    4.26 s at 1024, 3.63 s at 2048, 3.45 s at 4096, 3.82 s at 8192; float32 9.49 s at 1024, 8.68 s at 4096.
+    this engine's default: 1024, for short steps while others decode), because bigger steps give oneDNN
+    bigger matmuls (measured in benchmarks/RESULTS.md).
     """
 
     def __init__(self, llm: LLM, name: str = "engine"):
@@ -96,12 +99,20 @@ class EngineSystem:
         self.compile_seconds = llm.engine.stats.compile_seconds
 
     @classmethod
-    def load(cls, device, dtype, quantization=None, fast_path=False, compile_decode=False) -> "EngineSystem":
-        """The default model, in one of the variants of `ENGINES`."""
-        name = "engine compiled" if compile_decode else "engine fast" if fast_path else "engine"
+    def load(cls, device, dtype, variant: str = "engine accel", quantization: str | None = None) -> "EngineSystem":
+        """The default model as one of the variants of `ENGINES`."""
+        if variant not in ENGINES:
+            raise ValueError(f"unknown engine variant {variant!r}; choose from {ENGINES}")
         return cls(LLM(device=device, dtype=dtype, quantization=quantization, enable_prefix_caching=False,
-                       fast_path=fast_path, compile_decode=compile_decode,
-                       max_num_batched_tokens=OFFLINE_BATCHED_TOKENS), name)
+                       accel=variant != "engine", compile_decode=variant == "engine compiled",
+                       max_num_batched_tokens=OFFLINE_BATCHED_TOKENS), variant)
+
+    def first_generate(self, prompt: list[int], n: int = 16) -> tuple[float, float]:
+        """Seconds of a greedy `generate` of n tokens after `prompt`, the first call and the same call again: the
+        first pays what the engine does once, on first use. Call it right after construction."""
+        params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+        first = timed(self.llm.generate, [prompt], params)
+        return first, timed(self.llm.generate, [prompt], params)
 
     def decode(self, prompt: list[int], n: int) -> float:
         """Seconds between the first and the last of n tokens."""
@@ -159,7 +170,7 @@ class LlamaCppSystem:
     """llama.cpp on the same GGUF file, one request at a time (llama-cpp-python's high-level API).
 
     Two instances. Decode runs with llama.cpp's "extra buffer types" (on AMX Xeons an AMX repack of
-    the Q4_1 weights: measured 240 against 115 tok/s without it), fed one token per batch, because
+    the Q4_1 weights, faster than without it), fed one token per batch, because
     that AMX matmul segfaults on multi-token batches (seen here with llama-cpp-python 0.3.36;
     llama.cpp issue #20824). TTFT runs without them, the prompt in one batch of up to 512 tokens.
     """
@@ -241,12 +252,12 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - t
 
 
-def measure_systems(systems: list, precision: str, work: Workload, tok, config, ceilings: Ceilings,
+def measure_systems(systems: list, precision: str, work: Workload, tok, config, ceilings: Ceilings | None,
                     wbytes: int) -> list[Result]:
     """Every metric of `work` for every system, the systems taking turns (`rounds`).
 
     A system may carry its own `precision` label and `weight_bytes` (llama.cpp: its Q4_1 file);
-    the others are `precision` with `wbytes` of weights."""
+    the others are `precision` with `wbytes` of weights. With `ceilings` None, no roofline fractions."""
     results = []
     by_name = {s.name: s for s in systems}
     label = {s.name: getattr(s, "precision", precision) for s in systems}
@@ -257,20 +268,20 @@ def measure_systems(systems: list, precision: str, work: Workload, tok, config, 
         rate = statistics.median(rates)
         weights = getattr(by_name[name], "weight_bytes", wbytes)
         moved = sum(step_bytes(config, context_len=ctx, dtype=_float_dtype(precision), weight_bytes=weights).values())
-        results.append(Result(name, label[name], "decode_tok_s", rate, "tok/s", {
-            "GB/s": rate * moved / 1e9, "of_bandwidth": rate * moved / ceilings.bandwidth,
-            "spread": [min(rates), max(rates)]}))
+        roof = {} if ceilings is None else {"GB/s": rate * moved / 1e9,
+                                            "of_bandwidth": rate * moved / ceilings.bandwidth}
+        results.append(Result(name, label[name], "decode_tok_s", rate, "tok/s",
+                              {**roof, "spread": [min(rates), max(rates)]}))
 
     long = synthetic_prompt_ids(tok, work.prompt_tokens, tag=2)
     flops = sum(step_flops(config, new_tokens=work.prompt_tokens, logits_tokens=1).values())
-    # A TTFT round takes under a second, and on a noisy host 3 of them are too few for a steady median: on a
-    # 2-core AMD EPYC (Zen 4), 3 rounds gave the engine 597-901 ms, median 677, against transformers' 592-716,
-    # median 629 (0.93x); 10 rounds in one process gave 633 against 730 (1.15x). More rounds cost seconds.
+    # A TTFT round takes under a second: more of them (`ttft_repeats`) cost little and steady a noisy host's median.
     for name, times in rounds(systems, lambda s: timed(s.ttft, long), work.ttft_repeats).items():
         sec = statistics.median(times)
-        results.append(Result(name, label[name], f"ttft_{work.prompt_tokens}_s", sec, "s", {
-            "TFLOP/s": flops / sec / 1e12, "of_peak": flops / sec / ceilings.peak_flops,
-            "spread": [min(times), max(times)]}))
+        roof = {} if ceilings is None else {"TFLOP/s": flops / sec / 1e12,
+                                            "of_peak": flops / sec / ceilings.peak_flops}
+        results.append(Result(name, label[name], f"ttft_{work.prompt_tokens}_s", sec, "s",
+                              {**roof, "spread": [min(times), max(times)]}))
 
     batching = [s for s in systems if hasattr(s, "batch")]
     for c in work.concurrency if batching else ():
@@ -285,7 +296,8 @@ def measure_systems(systems: list, precision: str, work: Workload, tok, config, 
     return results
 
 
-ENGINES = ("engine", "engine fast", "engine compiled")  # reference model; fused model; fused + compiled decode
+ENGINES = ("engine", "engine accel", "engine compiled")  # LLM(); LLM(accel=True); LLM(accel=True, compile_decode=True)
+DEFAULT_ENGINES = "engine accel,engine compiled"
 
 
 def _float_dtype(precision: str) -> torch.dtype:
@@ -312,7 +324,7 @@ def print_table(results: list[Result]) -> None:
                 note = f" ({r.extra['GB/s']:.1f}GB/s {r.extra['of_bandwidth']:.0%})"
             elif "of_peak" in r.extra:
                 note = f" ({r.extra['of_peak']:.0%} peak)"
-            value = f"{r.value * 1e3:.0f} ms" if r.unit == "s" else f"{r.value:.1f}"
+            value = {"s": f"{r.value * 1e3:.0f} ms", "x": f"{r.value:.2f}x"}.get(r.unit, f"{r.value:.1f}")
             cells.append(f"{value + note:>24}")
         print(f"{m:<26}" + "".join(cells))
 
@@ -340,8 +352,9 @@ def main() -> None:
                     help="comma-separated: float32, bfloat16, int8, int4 (int8/int4: engine only, + llama.cpp)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     ap.add_argument("--quick", action="store_true", help="small sizes: decode 16, prompt 128, concurrency 4")
-    ap.add_argument("--engines", default=",".join(ENGINES),
-                    help=f"comma-separated engine variants to run, of: {', '.join(ENGINES)}")
+    ap.add_argument("--engines", default=DEFAULT_ENGINES,
+                    help=f"comma-separated engine variants to run, of: {', '.join(ENGINES)} (\"engine\" is the "
+                         f"pure-PyTorch reference; default: {DEFAULT_ENGINES})")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--json", default=None, help="write every result and ratio to this file")
     args = ap.parse_args()
@@ -351,6 +364,9 @@ def main() -> None:
         if args.quick else Workload()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     precisions = args.dtypes.split(",")
+    variants = args.engines.split(",")
+    if unknown := [v for v in variants if v not in ENGINES]:
+        raise SystemExit(f"unknown engine variant(s) {unknown}; choose from {ENGINES}")
     print(f"{processor_name(device)}, {device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
 
     results: list[Result] = []
@@ -370,24 +386,25 @@ def main() -> None:
     for precision in precisions:  # every system of one precision loaded at once, measured taking turns
         fdtype = _float_dtype(precision)
         quant = precision if precision in ("int8", "int4") else None
-        systems = []
-        for variant in args.engines.split(","):
-            if variant not in ENGINES:
-                raise SystemExit(f"unknown engine variant {variant!r}; choose from {ENGINES}")
-            engine = EngineSystem.load(device, fdtype, quant, fast_path=variant != "engine",
-                                       compile_decode=variant == "engine compiled")
+        systems, first_calls = [], []
+        for variant in variants:
+            engine = EngineSystem.load(device, fdtype, variant, quant)
             tok, config = engine.llm.tokenizer, engine.model.config
+            first, second = engine.first_generate(synthetic_prompt_ids(tok, 32, tag=3))
+            first_calls.append(Result(engine.name, precision, "first_generate_ratio", first / second, "x",
+                                      {"first_s": first, "second_s": second}))
             wbytes = weights_read(engine.model)  # what a decode step reads (not a packed lm_head's tied twin)
             compiled = f", compiled in {engine.compile_seconds:.0f} s" if engine.compile_seconds else ""
             print(f"{engine.name} {precision}: weights {weight_bytes(engine.model) / 1e6:.0f} MB held, "
-                  f"{wbytes / 1e6:.0f} MB read a step{compiled}", flush=True)
+                  f"{wbytes / 1e6:.0f} MB read a step{compiled}; first generate {first * 1e3:.0f} ms, "
+                  f"second {second * 1e3:.0f} ms ({first / second:.2f}x)", flush=True)
             systems.append(engine)
         if quant is None and not args.no_transformers:
             systems.append(TransformersSystem.load(device, fdtype))
         if precision == "int4" and peer:
             systems.append(LlamaCppSystem(torch.get_num_threads()))  # the same Q4_1 weights, as llama.cpp runs them
         print(f"{precision}: measuring {', '.join(s.name for s in systems)}, taking turns ...", flush=True)
-        measured = measure_systems(systems, precision, work, tok, config, ceilings_for(fdtype), wbytes)
+        measured = measure_systems(systems, precision, work, tok, config, ceilings_for(fdtype), wbytes) + first_calls
         by_name = {s.name: s for s in systems}
         for r in measured:
             r.extra["compile_seconds"] = getattr(by_name[r.system], "compile_seconds", 0.0)

@@ -3,18 +3,18 @@
     python -m benchmarks.decode_attention                        # 1, 16 and 64 sequences, float32 and bfloat16
     python -m benchmarks.decode_attention --seqs 64 --dtypes float32 --hot
 
-The default model's attention (SmolLM2-135M: 9 query heads on 3 KV heads of 64, blocks of 16 tokens),
-one layer: each sequence has a context drawn from --context and its blocks scattered over the cache, as
-in an engine that has run a while. Before every call 32 MB of other memory is written, because in a
-decode step the layer's weights stream through the caches between two attention calls (--hot leaves it
-out). The kernel (`cpu_paged.cpu_paged_decode_attention`) and the reference (`paged.paged_decode_attention`:
-a gather into a padded tensor, then a masked SDPA) take turns in every round, so a machine whose speed
-drifts slows both alike. It prints the median microseconds a call, the ratio, and the GB/s of K/V each
-reads (a sequence's own tokens only: the reference's padding and its gathered copy are not counted) beside
-this machine's copy bandwidth: a kernel near that bandwidth is memory-bound and only fewer bytes (a smaller
-cache dtype) would make it faster; far below it, its instructions are the limit. (The copy figure counts
-read + write; a write also reads its line first, so a kernel that only reads can show more than 100%.) These
-are the figures the header of `course_lib/attention/paged_decode_cpu.cpp` quotes.
+The default model's attention (SmolLM2-135M: 9 query heads on 3 KV heads of 64, blocks of 16 tokens), one layer:
+each sequence has a context drawn from --context and its blocks scattered over the cache, as in an engine that has
+run a while. Before every call 32 MB of other memory is written, because in a decode step the layer's weights
+stream through the caches between two attention calls (--hot leaves it out). The kernel
+(`course_lib.accel.build.build().module.paged_decode_attention`, `csrc/attention.cpp`) and the reference
+(`course_lib.attention.paged.paged_decode_attention`: a gather into a padded tensor, then a masked SDPA) take turns
+in every round, so a machine whose speed drifts slows both alike. It prints the median microseconds a call, the
+ratio, and the GB/s of K/V each reads (a sequence's own tokens only: the reference's padding and its gathered copy
+are not counted) beside this machine's copy bandwidth: a kernel near that bandwidth is memory-bound and only fewer
+bytes (a smaller cache dtype) would make it faster; far below it, its instructions are the limit. (The copy figure
+counts read + write; a write also reads its line first, so a kernel that only reads can show more than 100%.) The
+history of these figures is in benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -23,14 +23,16 @@ import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 
 from benchmarks.compare import rounds
-from course_lib.attention import cpu_paged
-from course_lib.attention.paged import paged_decode_attention, random_decode_batch
+from course_lib.accel.build import build
+from course_lib.attention.paged import paged_decode_attention
 from course_lib.dtypes import dtype_name
 from course_lib.profiling.roofline import measure_bandwidth
+from tests.paged_inputs import random_decode_batch
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16  # SmolLM2-135M
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3}  # max |kernel - reference|, outputs ~1
@@ -61,6 +63,11 @@ class Attention:
         return time.perf_counter() - t
 
 
+def decode_kernel() -> Callable:
+    """The C++ decode attention kernel, as this benchmark times it (a test swaps in a wrong one here)."""
+    return build().module.paged_decode_attention
+
+
 def decode_inputs(seqs: int, context: tuple[int, int], dtype: torch.dtype, seed: int = 0) -> tuple:
     """q, k_cache, v_cache, block_tables, context_lens for `seqs` sequences of `context` tokens; blocks shuffled."""
     lens = torch.randint(context[0], context[1] + 1, (seqs,), generator=torch.Generator().manual_seed(seed))
@@ -70,11 +77,12 @@ def decode_inputs(seqs: int, context: tuple[int, int], dtype: torch.dtype, seed:
 def measure(seqs: int, dtype: torch.dtype, context: tuple[int, int], repeats: int, hot: bool) -> Row:
     inputs = decode_inputs(seqs, context, dtype)
     k, lens = inputs[1], inputs[-1]
-    diff = (cpu_paged.cpu_paged_decode_attention(*inputs).float() - paged_decode_attention(*inputs).float()).abs().max()
+    kernel = decode_kernel()
+    diff = (kernel(*inputs).float() - paged_decode_attention(*inputs).float()).abs().max()
     if diff > TOLERANCE[dtype]:
         raise SystemExit(f"{seqs} sequences, {dtype}: kernel and reference differ by {diff:.2e}")
     flush = None if hot else torch.empty(2 ** 23)  # 32 MB
-    systems = [Attention("kernel", cpu_paged.cpu_paged_decode_attention, inputs, flush),
+    systems = [Attention("kernel", kernel, inputs, flush),
                Attention("reference", paged_decode_attention, inputs, flush)]
     times = {name: statistics.median(t) for name, t in rounds(systems, Attention.measure, repeats).items()}
     kv_bytes = 2 * int(lens.sum()) * KV_HEADS * HEAD_DIM * k.element_size()  # K and V of every cached token
@@ -100,8 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hot", action="store_true", help="K/V left in the caches between calls")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args(argv)
-    if not cpu_paged.available():
-        raise SystemExit("the C++ kernel could not be built here (course_lib.cpp_build says why)")
+    if build().module is None:
+        raise SystemExit(f"the C++ kernels could not be built here: {build().problem}")
     lo, hi = map(int, args.context.split(","))
     bandwidth = measure_bandwidth("cpu") / 1e9
     print(f"{torch.get_num_threads()} threads; copy bandwidth {bandwidth:.1f} GB/s; "

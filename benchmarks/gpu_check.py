@@ -9,10 +9,10 @@
    SmolLM2-135M (the default model) and Llama-3.2-1B. Both read the same tensors. For float32 and the
    policy's dtype: the logits of one 48-token prompt, and 24 greedy tokens through the engine's paged
    cache, each of which must be the reference's greedy choice up to the dtype's rounding (TOLERANCE).
-3. The Triton kernels (paged decode attention, INT8/INT4 matmuls) against their PyTorch twins: the
-   checks of tests/test_paged_attention.py and tests/test_quant_triton.py, on the GPU (with --cpu, in
-   Triton's interpreter, float32 and float16). On the GPU also `pytest -m cuda`.
-4. Speed, side by side in one run, in the policy's dtype: batch-1 decode for the engine and for
+3. The Triton kernels (paged decode attention, `course_lib.accel.triton_paged`; INT8/INT4 matmuls) against their
+   PyTorch twins (`course_lib.attention.paged.paged_decode_attention`; the checks of tests/test_quant_triton.py),
+   on the GPU (with --cpu, in Triton's interpreter, float32 and float16). On the GPU also `pytest -m cuda`.
+4. Speed, side by side in one run, in the policy's dtype: batch-1 decode for the engine (`accel=True`) and for
    `transformers` `generate`, with the GB/s it implies and its fraction of the measured bandwidth;
    throughput of 32 and 128 requests submitted at once (engine: continuous batching; transformers:
    one padded batch). CUDA graphs are not built yet (issue 14 leaves them for a session with a GPU):
@@ -36,6 +36,7 @@ import torch
 
 from benchmarks.compare import OFFLINE_BATCHED_TOKENS, EngineSystem, TransformersSystem, Workload, measure_systems
 from course_lib import LLM, SamplingParams, load_tokenizer
+from course_lib.attention.paged import paged_decode_attention
 from course_lib.chapter import processor_name, quiet_libraries
 from course_lib.config import ModelConfig
 from course_lib.dtypes import default_dtype, resolve_device
@@ -62,8 +63,6 @@ CPU_SIZES = {  # --cpu: the same shapes cut to 2 layers, the 1B one also narrowe
 # close a greedy choice may be to the reference's best and still count as a tie broken by rounding
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 PROMPT_TOKENS, GREEDY_TOKENS = 48, 24
-
-
 @dataclass
 class Check:
     section: str
@@ -171,7 +170,7 @@ def check_against_transformers(report: Report, label: str, hf, model, tokenizer,
 
 
 def check_triton(report: Report, device: torch.device, dtype: torch.dtype) -> None:
-    """The test suite's kernel checks, run here on `device`; a mismatch (or no triton) fails that check only."""
+    """The Triton kernels against PyTorch on `device`; a mismatch (or no triton) fails that check only."""
     from tests.test_paged_attention import check_triton_against_torch as check_paged
     from tests.test_quant_triton import check_triton_against_torch as check_quant
 
@@ -197,11 +196,11 @@ def run_cuda_tests(report: Report) -> None:
 
 def measure_speed(report: Report, shape: str, hf, model, tokenizer, dtype: torch.dtype, work: Workload,
                   ceilings: Ceilings) -> None:
-    """Batch-1 decode and throughput at each concurrency, engine (fast path) and transformers, same weights."""
+    """Batch-1 decode and throughput at each concurrency, engine (`accel=True`) and transformers, same weights."""
     precision = str(dtype).removeprefix("torch.")
     config = model.config
     tokens = max(work.concurrency) * (128 + 16 + max(work.uniform_output, work.decode_tokens)) + work.prompt_tokens + 64
-    llm = LLM.from_model(model, tokenizer, fast_path=True, enable_prefix_caching=False,
+    llm = LLM.from_model(model, tokenizer, accel=True, enable_prefix_caching=False,
                          max_num_seqs=max(work.concurrency), max_num_batched_tokens=OFFLINE_BATCHED_TOKENS,
                          kv_cache_memory=config.kv_bytes_per_token(dtype) * tokens)
     wbytes = weight_bytes(llm.model)

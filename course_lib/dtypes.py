@@ -50,7 +50,7 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
 @functools.cache
 def onednn_has_kernels(dtype: torch.dtype) -> bool:
     """True where this CPU's oneDNN has bfloat16 (or float16) matmul kernels, AVX-512 and newer: where
-    half-precision weights pay on the CPU (`packed_linear.can_pack`, `QuantLinear`'s many-row steps)."""
+    half-precision weights pay on the CPU (`course_lib.accel`'s plan, `QuantLinear`'s many-row steps)."""
     if not torch.backends.mkldnn.is_available():
         return False
     if dtype == torch.bfloat16:

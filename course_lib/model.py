@@ -141,19 +141,6 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def project_to_vocab(lm_head: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """lm_head(x): [..., hidden] -> logits [..., vocab].
-
-    On the CPU a plain nn.Linear head is computed as W @ x^T instead of x @ W^T: the same product,
-    but MKL picks a much faster kernel for a few rows against the 49k-row vocabulary matrix (measured
-    on a 2-core CPU: 2 rows 24 -> 4 ms, 8 rows 19 -> 7 ms; batched serving 17% faster end to end).
-    """
-    if x.device.type != "cpu" or type(lm_head) is not nn.Linear or lm_head.bias is not None:
-        return lm_head(x)
-    flat = x.reshape(-1, x.shape[-1])  # [tokens, hidden]; tokens may be 0 (a step of prompt chunks only)
-    return (lm_head.weight @ flat.T).T.contiguous().view(*x.shape[:-1], lm_head.weight.shape[0])  # [..., vocab]
-
-
 class Transformer(nn.Module):
     """Decoder-only transformer. Parameter names follow Hugging Face's Llama (minus the `model.` prefix)."""
 
@@ -204,4 +191,4 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         elif logits_index is not None:
             x = x[:, logits_index]
-        return project_to_vocab(self.lm_head, self.norm(x))  # [batch, seq, vocab]
+        return self.lm_head(self.norm(x))  # [batch, seq, vocab]

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from course_lib.cpp_build import toolchain_available
+from course_lib.accel.build import missing_tools
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -21,7 +21,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 def pytest_collection_modifyitems(config, items):
     skips = {"cuda": None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU"),
-             "needs_cpp": None if toolchain_available() else pytest.mark.skip(reason="no C++ compiler or ninja here")}
+             "needs_cpp": pytest.mark.skip(reason="no C++ compiler or ninja here") if missing_tools() else None}
     for item in items:
         for marker, skip in skips.items():
             if skip is not None and marker in item.keywords:
@@ -140,7 +140,8 @@ def run_triton_interpreted():
     pytest.importorskip("triton")
 
     def run(path: str) -> str:
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `tests.` imports resolve from here
+        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
         proc = subprocess.run([sys.executable, path], env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout

@@ -1,4 +1,5 @@
-"""The compiled decode step against the eager paged path: same attention, same logits, same greedy tokens."""
+"""The compiled decode step (`course_lib.accel.compiled_decode`) against the eager paged path: same attention, same
+logits, same greedy tokens."""
 from __future__ import annotations
 
 import time
@@ -6,26 +7,29 @@ import time
 import pytest
 import torch
 
+from course_lib import LLM
+from course_lib.accel.compiled_decode import Int8GraphLinear, decode_step, use_int8_operator
+from course_lib.accel.fused_model import fuse_model
 from course_lib.attention.paged import (
     PagedAttention,
     PagedAttentionMetadata,
     PagedKVCache,
     paged_decode_attention,
-    shuffled_block_tables,
     store_kvcache,
 )
 from course_lib.config import ModelConfig
-from course_lib.engine.llm_engine import EngineConfig, LLMEngine
 from course_lib.dtypes import onednn_has_kernels
-from course_lib.engine.compiled_decode import CompiledDecodeStep, decode_attention, decode_step
-from course_lib.fast_path import use_fast_path
 from course_lib.model import Transformer
-from course_lib.quant import QuantLinear, quantize_model
+from course_lib.quant import QuantLinear
+from course_lib.quant.linear import INT8_DEQUANTIZE_ROWS, cpu_backend_problem
 from course_lib.sampling import SamplingParams
+from tests.paged_inputs import shuffled_block_tables
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2)])
-def test_decode_attention_matches_paged_decode_attention(dtype, tol):
+def test_a_new_token_not_yet_stored_equals_storing_it_first(dtype, tol):
+    """paged_decode_attention's k_new/v_new (the compiled step's token, stored after its graph) against storing
+    the token, then attending over cached + 1 tokens."""
     torch.manual_seed(0)
     num_blocks, block_size, kv_heads, heads, head_dim = 40, 4, 2, 6, 8
     k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, dtype=dtype)
@@ -36,7 +40,7 @@ def test_decode_attention_matches_paged_decode_attention(dtype, tol):
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
     q = torch.randn(len(cached), heads, head_dim, dtype=dtype)
     k_new, v_new = torch.randn(2, len(cached), kv_heads, head_dim, dtype=dtype)
-    got = decode_attention(q, k_new, v_new, k_cache, v_cache, padded, torch.tensor(cached))
+    got = paged_decode_attention(q, k_cache, v_cache, padded, torch.tensor(cached), k_new, v_new)
     # The eager path: store first, then attend over cached + 1 tokens.
     slots = torch.tensor([t[c // block_size] * block_size + c % block_size for t, c in zip(tables, cached)])
     store_kvcache(k_new, v_new, k_cache, v_cache, slots)
@@ -59,7 +63,11 @@ def tiny_model(dtype=torch.float32) -> Transformer:
 @pytest.mark.parametrize("use_cpp", [False, pytest.param(True, marks=pytest.mark.needs_cpp)])
 def test_uncompiled_decode_step_matches_paged_forward(use_cpp):
     """The function that gets compiled, run eagerly, gives the engine's eager logits and K/V."""
-    model = use_fast_path(tiny_model(torch.float64))
+    if use_cpp:  # loading the extension defines the operator the step calls
+        from course_lib.accel.build import build
+
+        assert build().module is not None
+    model = fuse_model(tiny_model(torch.float64))
     cache = PagedKVCache(model.config, num_blocks=16, block_size=4, dtype=torch.float64)
     torch.manual_seed(1)
     cache.k_cache.normal_()
@@ -81,20 +89,16 @@ def test_uncompiled_decode_step_matches_paged_forward(use_cpp):
 
 @pytest.mark.parametrize("cpp", [False, pytest.param(True, marks=pytest.mark.needs_cpp)])
 def test_compiled_engine_greedy_equals_eager_engine(tokenizer, cpp):
-    """torch.compile for real (a tiny model: ~1 minute on 2 cores): the same greedy tokens, the cache
-    left as eager leaves it, and the compile time reported."""
-    model = use_fast_path(tiny_model())
+    """torch.compile for real (a tiny model: ~1 minute on 2 cores): the same greedy tokens, the cache left as
+    eager leaves it, and the compile time reported. cpp: `accel=True` (packed layers and the C++ kernels in the
+    graph); else the reference model compiled alone (`LLM(compile_decode=True)`)."""
     prompts = [[1, 2, 3, 4, 5], [400, 401], list(range(1000, 1031)), [7]]  # contexts cross several blocks
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (12, 40, 9, 25)]
 
     def run(compile_decode: bool):
-        engine = LLMEngine(model, tokenizer, EngineConfig(block_size=4, kv_cache_memory=4 * 2**20,
-                                                          enable_prefix_caching=False,
-                                                          compile_decode=compile_decode,
-                                                          cpp_decode_attention=cpp))
-        ids = engine.add_requests(prompts, params)
-        outs = {o.request_id: o for o in engine.outputs(ids) if o.finished}
-        return engine, [outs[i].outputs[0].token_ids for i in ids]
+        llm = LLM.from_model(tiny_model(), tokenizer, accel=cpp, compile_decode=compile_decode, block_size=4,
+                             kv_cache_memory=4 * 2**20, enable_prefix_caching=False)
+        return llm.engine, [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
     eager_engine, want = run(False)
     t = time.perf_counter()
@@ -111,21 +115,35 @@ def test_compiled_engine_greedy_equals_eager_engine(tokenizer, cpp):
     assert engine.block_manager.num_used_blocks == 0
     if cpp:  # tensors made outside inference mode fit no graph: the step checks every guard again, and compiles
         logits = step(torch.tensor([5, 6]), torch.tensor([3, 1]), [[0], [1]], torch.tensor([3, 5]))
-        assert logits.shape == (2, model.config.vocab_size) and not step.warm
+        assert logits.shape == (2, 49152) and not step.warm
+
+
+def int8_layer() -> QuantLinear:
+    torch.manual_seed(5)
+    return QuantLinear.from_linear(torch.nn.Linear(64, 48), "int8", backend="cpu")
 
 
 @pytest.mark.needs_cpp
-@pytest.mark.skipif(not onednn_has_kernels(torch.bfloat16), reason="INT8 layers take the op at any rows here")
-def test_compiled_step_has_int8_layers_choose_their_product_in_the_graph():
-    """Its graphs call `course_lib::int8_linear` (tests/test_quant_linear.py): made ready before any tracing."""
-    model = quantize_model(use_fast_path(tiny_model()), "int8", backend="cpu")
-    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
-    assert layers and not any(m.graph_op for m in layers)
-    CompiledDecodeStep(model, PagedKVCache(model.config, num_blocks=4, block_size=4))
-    assert all(m.graph_op for m in layers)
+@pytest.mark.skipif(cpu_backend_problem("int8", 64, 48, 0) is not None or not onednn_has_kernels(torch.bfloat16),
+                    reason="PyTorch's INT8 op or oneDNN's bfloat16 matmuls are missing here")
+def test_compiled_int8_layer_chooses_its_product_by_the_rows_as_it_runs():
+    """One compiled graph (dynamic rows) calls `course_lib::int8_linear`, which takes the op below
+    INT8_DEQUANTIZE_ROWS rows and the bfloat16 matmul from there: the same bits as eager steps of as many rows."""
+    from course_lib.accel.build import build
+
+    assert build().module is not None
+    model = torch.nn.Sequential(int8_layer())
+    assert use_int8_operator(model) == 1 and type(model[0]) is Int8GraphLinear
+    fast = model[0]
+    compiled = torch.compile(fast, dynamic=True, fullgraph=True)
+    for rows in (2, 3, INT8_DEQUANTIZE_ROWS - 1, INT8_DEQUANTIZE_ROWS, 64):
+        x = torch.randn(rows, 64)
+        y = compiled(x)
+        assert torch.equal(y, fast(x)), rows
+        op = torch._weight_int8pack_mm(x.bfloat16(), fast.qweight, fast.scales).float() + fast.bias
+        assert torch.equal(y, op) == (rows < INT8_DEQUANTIZE_ROWS), rows  # the products differ: which one ran
 
 
-@pytest.mark.parametrize("option", ["compile_decode", "cpp_decode_attention"])
-def test_engine_speed_options_checked(option):
-    with pytest.raises(TypeError, match=option):
-        EngineConfig(**{option: "yes"})
+def test_compile_decode_option_checked():
+    with pytest.raises(TypeError, match="compile_decode"):
+        LLM(device="cpu", compile_decode="yes")

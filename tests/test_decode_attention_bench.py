@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from benchmarks import decode_attention as bench
-from course_lib.attention import cpu_paged
+from course_lib.accel.build import build
 
-pytestmark = pytest.mark.skipif(not cpu_paged.available(), reason="the C++ decode kernel cannot be built here")
+pytestmark = pytest.mark.skipif(build().module is None, reason="the C++ decode kernel cannot be built here")
 
 
 def test_rows_for_every_dtype_and_batch(tmp_path, capsys):
@@ -31,8 +31,8 @@ def test_rows_for_every_dtype_and_batch(tmp_path, capsys):
 
 
 def test_a_wrong_kernel_is_not_timed(monkeypatch):
-    real = cpu_paged.cpu_paged_decode_attention
-    monkeypatch.setattr(cpu_paged, "cpu_paged_decode_attention", lambda *args: real(*args) * 1.01 + 0.01)
+    real = bench.decode_kernel()
+    monkeypatch.setattr(bench, "decode_kernel", lambda: lambda *args: real(*args) * 1.01 + 0.01)
     with pytest.raises(SystemExit, match="differ"):
         bench.main(["--seqs", "2", "--dtypes", "float32", "--repeats", "1"])
 

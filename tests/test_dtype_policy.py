@@ -11,7 +11,7 @@ import torch
 import course_lib
 from course_lib.chapter import setup_chapter
 from course_lib.dtypes import default_dtype, resolve_device_dtype
-from course_lib.fast_path import FusedRMSNorm
+from course_lib.accel.fused_model import FusedRMSNorm
 from course_lib.model import RMSNorm
 
 CARDS = {  # name: (compute capability, the dtype the engine must pick)
@@ -95,13 +95,13 @@ def test_rmsnorm_does_not_overflow_in_float16(norm_cls):
     torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
 
 
-@pytest.mark.parametrize("fast_path", [False, True])
-def test_float16_engine_answers_like_float32(llm, fast_path):
+@pytest.mark.parametrize("accel", [False, True])
+def test_float16_engine_answers_like_float32(llm, accel):
     """What a T4 runs, on the CPU: the whole engine in float16 (paged cache, decode attention, sampler)."""
     params = course_lib.SamplingParams(max_tokens=12, temperature=0)
     question = [{"role": "user", "content": "What is the capital of France?"}]
     want = llm.chat(question, params)[0].outputs[0]
-    half = course_lib.LLM(device="cpu", dtype="float16", fast_path=fast_path)
+    half = course_lib.LLM(device="cpu", dtype="float16", accel=accel)
     assert half.model.dtype == torch.float16
     got = half.chat(question, params)[0].outputs[0]
     assert got.token_ids == want.token_ids, (got.text, want.text)

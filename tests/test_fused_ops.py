@@ -1,9 +1,9 @@
-"""The one-pass C++ elementwise ops (`course_lib.fused_ops`) against the PyTorch expressions they replace."""
+"""The one-pass C++ elementwise ops (`course_lib.accel.fused_ops`) against the PyTorch expressions they replace."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import fused_ops
+from course_lib.accel import fused_ops
 from course_lib.model import RMSNorm, apply_rope
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -18,30 +18,38 @@ def close(actual, expected, dtype):
         assert (actual != expected).float().mean() < 0.01  # nearly all bit-identical
 
 
+@pytest.fixture(scope="module")
+def ops():
+    from course_lib.accel.build import build
+
+    return build().module
+
+
 @pytest.mark.needs_cpp
-def test_the_kernel_builds_here():
-    assert fused_ops.kernel() is not None
-    assert fused_ops.cpp_kernel(torch.zeros(2)) is not None
-    assert fused_ops.cpp_kernel(torch.zeros(2, dtype=torch.long)) is None
-    assert fused_ops.cpp_kernel(torch.zeros(2, dtype=torch.float64)) is None
+def test_the_kernel_builds_here(ops):
+    assert ops is not None
+    assert fused_ops.usable(ops, torch.zeros(2)) is ops
+    assert fused_ops.usable(ops, torch.zeros(2, dtype=torch.long)) is None
+    assert fused_ops.usable(ops, torch.zeros(2, dtype=torch.float64)) is None
+    assert fused_ops.usable(None, torch.zeros(2)) is None
 
 
 @pytest.mark.needs_cpp
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 7, 300])
-def test_rms_norm_and_add_rms_norm(dtype, rows):
+def test_rms_norm_and_add_rms_norm(ops, dtype, rows):
     g = torch.Generator().manual_seed(rows)
     x, y = (torch.randn(1, rows, 576, generator=g).to(dtype) * 3 for _ in range(2))
     w = (torch.rand(576, generator=g) + 0.5).to(dtype)
-    close(fused_ops.rms_norm(x, w, 1e-5), fused_ops.reference_rms_norm(x, w, 1e-5), dtype)
-    s, h = fused_ops.add_rms_norm(x, y, w, 1e-5)
+    close(fused_ops.rms_norm(x, w, 1e-5, ops), fused_ops.reference_rms_norm(x, w, 1e-5), dtype)
+    s, h = fused_ops.add_rms_norm(x, y, w, 1e-5, ops)
     assert torch.equal(s, x + y)  # one rounding, the same one
     close(h, fused_ops.reference_rms_norm(x + y, w, 1e-5), dtype)
 
 
 @pytest.mark.needs_cpp
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_rotates_q_and_k_heads_in_place_and_leaves_v(dtype):
+def test_rope_rotates_q_and_k_heads_in_place_and_leaves_v(ops, dtype):
     heads, kv_heads, head_dim, T = 9, 3, 64, 40
     g = torch.Generator().manual_seed(0)
     qkv = torch.randn(1, T, (heads + 2 * kv_heads) * head_dim, generator=g).to(dtype)
@@ -49,7 +57,7 @@ def test_rope_rotates_q_and_k_heads_in_place_and_leaves_v(dtype):
     cos, sin = (f(torch.cat([angles, angles], -1)).to(dtype) for f in (torch.cos, torch.sin))
     expected = qkv.view(1, T, -1, head_dim).clone()
     expected[:, :, :heads + kv_heads] = apply_rope(expected[:, :, :heads + kv_heads], cos, sin)
-    out = fused_ops.rope_qk_(qkv, cos, sin, heads, kv_heads, head_dim)
+    out = fused_ops.rope_qk_(qkv, cos, sin, heads, kv_heads, head_dim, ops)
     assert out.data_ptr() == qkv.data_ptr()
     torch.testing.assert_close(out.view_as(expected), expected, rtol=1e-6 if dtype == torch.float32 else 0,
                                atol=1e-6 if dtype == torch.float32 else 0)  # bfloat16: bit-identical
@@ -58,15 +66,15 @@ def test_rope_rotates_q_and_k_heads_in_place_and_leaves_v(dtype):
 
 @pytest.mark.needs_cpp
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_mul(dtype):
+def test_silu_mul(ops, dtype):
     gate_up = (torch.randn(1, 33, 2 * 1536, generator=torch.Generator().manual_seed(1)) * 4).to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
-    close(fused_ops.silu_mul(gate_up), F.silu(gate) * up, dtype)
+    close(fused_ops.silu_mul(gate_up, ops), F.silu(gate) * up, dtype)
 
 
 @pytest.mark.needs_cpp
 @pytest.mark.parametrize("dtype", DTYPES + [torch.float16])
-def test_argmax_rows_is_max_indices(dtype):
+def test_argmax_rows_is_max_indices(ops, dtype):
     """Greedy sampling's argmax: the first of tied maxima, a NaN larger than any number, -inf rows, a maximum
     in the last partial chunk, one column; the same index as PyTorch's in every row."""
     g = torch.Generator().manual_seed(0)
@@ -78,17 +86,16 @@ def test_argmax_rows_is_max_indices(dtype):
     x[5] = 1  # all equal
     x[6, 0] = 50  # the very first
     x[7, 400:] = 7  # a run of ties that starts mid-chunk
-    assert x.dtype == dtype and fused_ops.cpp_kernel(x) is not None
+    assert x.dtype == dtype and fused_ops.usable(ops, x) is not None
     for rows in (x, x[:, :1], x.view(3, 4, 1000), x[:, ::2]):  # one column, a batch dim, a strided view
-        got = fused_ops.argmax_rows(rows)
+        got = fused_ops.argmax_rows(rows, ops)
         assert got.dtype == torch.long and torch.equal(got, rows.max(-1).indices), rows.shape
     numbers = x[[0, 1, 3, 4, 5, 6, 7]]  # no NaN: argmax's rule is the same
-    assert torch.equal(fused_ops.argmax_rows(numbers), numbers.argmax(-1))
+    assert torch.equal(fused_ops.argmax_rows(numbers, ops), numbers.argmax(-1))
 
 
-def test_fallbacks_compute_the_same_expressions(monkeypatch):
-    """Where the kernel does not build, each op runs its PyTorch expression."""
-    monkeypatch.setattr(fused_ops, "kernel", lambda: None)
+def test_fallbacks_compute_the_same_expressions():
+    """Without the kernels (ops=None: not built, or on a GPU), each op runs its PyTorch expression."""
     x = torch.randn(2, 5, 64)
     norm = RMSNorm(64, eps=1e-6)  # the readable model's six-op RMSNorm
     torch.nn.init.uniform_(norm.weight, 0.5, 1.5)

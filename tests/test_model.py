@@ -119,12 +119,3 @@ def test_reference_attention_keeps_the_model_dtype(qwen2_dir):
     ref = ReferenceAttention()
     assert m(torch.tensor([[1, 2, 3, 4]]), kv=ref).dtype == torch.bfloat16
     assert ref.weights[0].dtype == torch.float32  # the weights themselves are computed in float32
-
-
-@pytest.mark.parametrize("rows", [1, 2, 3, 8])
-def test_project_to_vocab_equals_the_linear_head(model, rows):
-    from course_lib.model import project_to_vocab
-
-    x = torch.randn(1, rows, model.config.hidden_size, generator=torch.Generator().manual_seed(rows))
-    with torch.no_grad():
-        assert torch.allclose(project_to_vocab(model.lm_head, x), model.lm_head(x), atol=1e-4, rtol=1e-5)

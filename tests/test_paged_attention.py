@@ -1,4 +1,5 @@
-"""Paged attention: PyTorch backend vs plain causal attention, Triton kernel vs PyTorch, model parity.
+"""Paged attention: PyTorch backend vs plain causal attention, the C++ and Triton kernels (`course_lib.accel`) vs
+PyTorch, model parity.
 
 The Triton comparison runs this file as a script in a subprocess with TRITON_INTERPRET=1, because
 the variable must be set before triton is imported and the pytest process may have imported it already.
@@ -10,19 +11,18 @@ import os
 import pytest
 import torch
 
-from course_lib.attention import causal_attention, cpu_paged, reference_attention
+from course_lib.attention import causal_attention, reference_attention
 from course_lib.attention.paged import (
     PagedAttention,
     PagedAttentionMetadata,
     PagedKVCache,
     paged_decode_attention,
-    random_decode_batch,
-    shuffled_block_tables,
     slots_for,
     store_kvcache,
 )
 from course_lib.config import ModelConfig
 from course_lib.model import Transformer
+from tests.paged_inputs import random_decode_batch, shuffled_block_tables
 
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 8  # GQA: 3 query heads per KV head
 
@@ -57,6 +57,22 @@ def test_kv_cache_sizing():
         PagedKVCache.num_blocks_for_memory(cfg, per_block - 1, block_size=4)
 
 
+def kernels():
+    """The built C++ extension (`course_lib.accel.build`); the tests that call it are marked needs_cpp."""
+    from course_lib.accel.build import build
+
+    return build().module
+
+
+def backend_for(cache, md, use_cpp: bool = False) -> PagedAttention:
+    """The reference backend, or `accel`'s with the C++ kernel."""
+    if not use_cpp:
+        return PagedAttention(cache, md)
+    from course_lib.accel.attention import CppPagedAttention
+
+    return CppPagedAttention(cache, md, kernels())
+
+
 def run_layer(seqs: list[tuple[int, int]], block_size: int = 4, num_blocks: int = 24, seed: int = 0,
               use_cpp: bool = False):
     """One attention layer over a packed step. seqs: (context_len, query_len) per sequence.
@@ -78,8 +94,7 @@ def run_layer(seqs: list[tuple[int, int]], block_size: int = 4, num_blocks: int 
                                               torch.cat([v[:, :p] for (_, _, v), p in zip(full, past)], 1))
     md = PagedAttentionMetadata.build(tables, [c for c, _ in seqs], [q for _, q in seqs], block_size)
     new = [tuple(t[:, p:] for t in qkv) for qkv, p in zip(full, past)]
-    backend = PagedAttention(cache, md, use_cpp=use_cpp)
-    assert backend.use_cpp == use_cpp
+    backend = backend_for(cache, md, use_cpp)
     out = backend.attend(0, *(torch.cat([n[i] for n in new], dim=1) for i in range(3)))
     expected = torch.cat([reference_attention(*qkv)[0][:, p:] for qkv, p in zip(full, past)], dim=1)
     return out, expected, cache, tables, [k for _, k, _ in full]
@@ -135,9 +150,9 @@ TRITON_CASES = [dict(), dict(heads=4, kv_heads=4), dict(heads=8, kv_heads=1, hea
 
 @pytest.mark.needs_cpp
 def test_cpp_kernel_builds_where_a_toolchain_exists():
-    """With a compiler and ninja the kernel must build: otherwise the engine would fall back quietly and the
-    use_cpp tests would compare PyTorch with itself."""
-    assert cpu_paged.available("cpu")
+    """With a compiler and ninja the kernels must build: otherwise accel would fall back (with a warning) and the
+    use_cpp tests would have nothing to test."""
+    assert kernels() is not None
 
 
 @pytest.mark.needs_cpp
@@ -153,7 +168,7 @@ def test_cpp_kernel_builds_where_a_toolchain_exists():
 def test_cpp_decode_kernel_matches_torch(case, dtype, atol):
     q, k, v, bt, cl = random_decode_case("cpu", dtype, **case)
     want = paged_decode_attention(q.double(), k.double(), v.double(), bt, cl)
-    got = cpu_paged.cpu_paged_decode_attention(q, k, v, bt, cl)
+    got = kernels().paged_decode_attention(q, k, v, bt, cl)
     assert got.dtype == dtype and got.shape == want.shape
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
 
@@ -170,7 +185,7 @@ def test_cpp_kernel_new_token_equals_storing_it_first(dtype, atol):
     slots = [slots_for(table, [c - 1], k.shape[1])[0] for table, c in zip(bt.tolist(), cl.tolist())]  # position c - 1
     store_kvcache(k_new, v_new, stored_k, stored_v, torch.tensor(slots))
     want = paged_decode_attention(q.double(), stored_k.double(), stored_v.double(), bt, cl)
-    got = cpu_paged.cpu_paged_decode_attention(q, k, v, bt, cl - 1, k_new, v_new)
+    got = kernels().paged_decode_attention(q, k, v, bt, cl - 1, k_new, v_new)
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
 
 
@@ -183,8 +198,8 @@ def test_cpp_kernel_takes_views_and_int64_tables():
     qkv[:, :9] = q
     q_view, k_new, v_new = qkv.split([9, 3, 3], dim=1)
     assert not q_view.is_contiguous() and not k_new.is_contiguous()
-    want = cpu_paged.cpu_paged_decode_attention(q, k, v, bt, cl - 1, k_new.contiguous(), v_new.contiguous())
-    for attend in (cpu_paged.cpu_paged_decode_attention, torch.ops.course_lib.paged_decode_attention):
+    want = kernels().paged_decode_attention(q, k, v, bt, cl - 1, k_new.contiguous(), v_new.contiguous())
+    for attend in (kernels().paged_decode_attention, torch.ops.course_lib.paged_decode_attention):
         torch.testing.assert_close(attend(q_view, k, v, bt.long(), (cl - 1).long(), k_new, v_new), want, rtol=0, atol=0)
 
 
@@ -195,14 +210,10 @@ def test_cpp_kernel_refuses_context_lengths_it_cannot_attend():
     q, k, v, bt, cl = random_decode_case("cpu", context_lens=(5, 3))
     for bad in ([5, 0], [5, bt.shape[1] * k.shape[1] + 1], [-1, 3]):
         with pytest.raises(RuntimeError, match=r"context_lens\[\d\] = "):
-            cpu_paged.cpu_paged_decode_attention(q, k, v, bt, torch.tensor(bad, dtype=torch.int32))
+            kernels().paged_decode_attention(q, k, v, bt, torch.tensor(bad, dtype=torch.int32))
     k_new, v_new = torch.randn(2, 2, k.shape[2], k.shape[3])
-    out = cpu_paged.cpu_paged_decode_attention(q, k, v, bt, torch.tensor([5, 0]), k_new, v_new)  # 0 cached + 1 new
+    out = kernels().paged_decode_attention(q, k, v, bt, torch.tensor([5, 0]), k_new, v_new)  # 0 cached + 1 new
     torch.testing.assert_close(out[1], v_new[1].repeat_interleave(q.shape[1] // k.shape[2], 0))
-
-
-def test_cpp_kernel_is_for_the_cpu_only():
-    assert not cpu_paged.available("cuda") and not cpu_paged.available("meta")
 
 
 @pytest.mark.needs_cpp
@@ -214,7 +225,7 @@ def test_cpp_kernel_in_the_backend_decode_and_mixed_steps():
 
 @pytest.mark.needs_cpp
 def test_cpp_backend_sends_every_row_through_one_kernel_call(monkeypatch):
-    """The fast path's prompt tokens are decode rows of the C++ kernel: a mixed step (a whole prompt, a later
+    """accel's prompt tokens are decode rows of the C++ kernel: a mixed step (a whole prompt, a later
     chunk, decodes, a chunk at 0) is one call, no PyTorch attention, and matches the plain path. SmolLM2's
     heads (9 of 64, 3 KV heads) take the vector kernel, whose rows are visited from both ends in turn."""
     seqs = [(70, 70), (40, 17), (33, 1), (1, 1), (19, 19), (90, 1)]
@@ -223,16 +234,24 @@ def test_cpp_backend_sends_every_row_through_one_kernel_call(monkeypatch):
     tables = shuffled_block_tables([c for c, _ in seqs], 16, 24, 0)
     full = [tuple(torch.randn(c, h, 64) for h in (9, 3, 3)) for c, _ in seqs]
     calls = []
-    kernel = cpu_paged.cpu_paged_decode_attention
-    monkeypatch.setattr(cpu_paged, "cpu_paged_decode_attention", lambda *a: calls.append(a) or kernel(*a))
+    ops = kernels()
+
+    class Spy:  # the extension, every kernel call recorded
+        def paged_decode_attention(self, *a):
+            calls.append(a)
+            return ops.paged_decode_attention(*a)
+
+    from course_lib.accel.attention import CppPagedAttention
+
     monkeypatch.setattr("course_lib.attention.paged.causal_attention", None)  # any call to it fails
+    monkeypatch.setattr("course_lib.attention.paged.paged_decode_attention", None)
     cache = PagedKVCache(cfg, num_blocks=24, block_size=16)
     past = [c - q for c, q in seqs]
-    PagedAttention(cache, PagedAttentionMetadata.build(tables, past, past, 16), use_cpp=True).attend(
+    CppPagedAttention(cache, PagedAttentionMetadata.build(tables, past, past, 16), Spy()).attend(
         0, *(torch.cat([t[i][:p] for t, p in zip(full, past)])[None] for i in range(3)))
     calls.clear()
     md = PagedAttentionMetadata.build(tables, [c for c, _ in seqs], [q for _, q in seqs], 16)
-    out = PagedAttention(cache, md, use_cpp=True).attend(
+    out = CppPagedAttention(cache, md, Spy()).attend(
         0, *(torch.cat([t[i][p:] for t, p in zip(full, past)])[None] for i in range(3)))[0]
     assert len(calls) == 1 and calls[0][0].shape[0] == md.num_tokens
     assert calls[0][4].tolist() == [c - q + j + 1 for c, q in seqs for j in range(q)]  # what each row sees
@@ -245,7 +264,7 @@ def test_cpp_backend_sends_every_row_through_one_kernel_call(monkeypatch):
 
 @pytest.mark.needs_cpp
 def test_cpp_backend_rounds_bfloat16_prompts_once():
-    """With a bfloat16 cache the fast path sums in float32 and rounds each output once: every row, prompts and
+    """With a bfloat16 cache the C++ backend sums in float32 and rounds each output once: every row, prompts and
     decodes, within half a bfloat16 step of the float32 answer. PyTorch's bfloat16 attention (the plain path)
     rounds on the way and lands further off."""
     seqs = [(7, 7), (13, 5), (10, 1), (9, 4)]  # a whole prompt, a later chunk (keys read back), a decode, a chunk
@@ -259,8 +278,8 @@ def test_cpp_backend_rounds_bfloat16_prompts_once():
         past = [c - q for c, q in seqs]
         md = PagedAttentionMetadata.build(tables, past, past, 4)
         PagedAttention(cache, md).attend(0, *(torch.cat([t[i][:p] for t, p in zip(full, past)])[None] for i in range(3)))
-        backend = PagedAttention(cache, PagedAttentionMetadata.build(tables, [c for c, _ in seqs],
-                                                                     [q for _, q in seqs], 4), use_cpp=use_cpp)
+        backend = backend_for(cache, PagedAttentionMetadata.build(tables, [c for c, _ in seqs],
+                                                                  [q for _, q in seqs], 4), use_cpp)
         outs[use_cpp] = backend.attend(0, *(torch.cat([t[i][p:] for t, p in zip(full, past)])[None]
                                             for i in range(3)))[0]
     want = torch.cat([causal_attention(q[None, ctx - n:].float(), k[None].float(), v[None].float(), start=ctx - n)[0]
@@ -275,7 +294,7 @@ def test_cpp_backend_rounds_bfloat16_prompts_once():
 
 def check_triton_against_torch(device: str, dtype: torch.dtype = torch.float32, atol: float = 1e-3) -> float:
     """Max |triton - torch| over the cases; raises if any exceeds atol."""
-    from course_lib.attention.triton_paged import triton_paged_decode_attention
+    from course_lib.accel.triton_paged import triton_paged_decode_attention
 
     worst = 0.0
     for seed, case in enumerate(TRITON_CASES):

@@ -157,7 +157,7 @@ def test_load_config_reads_dicts_files_and_gguf(tmp_path, gguf_path):
 
 
 def test_measured_device():
-    from course_lib.cpp_build import cpu_vendor
+    from course_lib.planner.devices import cpu_vendor
 
     spec = DeviceSpec.measure("cpu", ("float32",), repeats=1)
     assert spec.kind == "cpu" and spec.name.startswith(THIS_MACHINE) and spec.peak_flops("float32") > 1e9

@@ -14,7 +14,7 @@ from course_lib.config import ModelConfig
 from course_lib.dtypes import onednn_has_kernels
 from course_lib.model import Transformer
 from course_lib.quant import QuantLinear, quantize_model
-from course_lib.quant.linear import INT4_DEQUANTIZE_ROWS, INT8_DEQUANTIZE_ROWS, cpu_backend_problem, use_graph_operator
+from course_lib.quant.linear import INT4_DEQUANTIZE_ROWS, INT8_DEQUANTIZE_ROWS, cpu_backend_problem
 
 CASES = [("int8", 128), ("int4", 128), ("int4", 32)]
 HAS_CPU_OPS = cpu_backend_problem("int4", 576, 192, 128) is None and cpu_backend_problem("int8", 576, 192, 0) is None
@@ -100,23 +100,6 @@ def test_cpu_many_rows_take_a_bfloat16_matmul(method, in_features):
         y = fast(x)
         assert torch.equal(y, path.float() + lin.bias.detach())  # the path named above, exactly
         assert _rel(y, F.linear(x, fast.dequantize(), lin.bias)) < 1e-2
-
-
-@pytest.mark.needs_cpp
-@pytest.mark.skipif(not (HAS_CPU_OPS and onednn_has_kernels(torch.bfloat16)),
-                    reason="the packed CPU kernels or oneDNN's bfloat16 matmuls are missing here")
-def test_compiled_int8_layer_chooses_its_product_by_the_rows_as_it_runs():
-    """One compiled graph (dynamic rows) calls `course_lib::int8_linear`, which takes the op below
-    INT8_DEQUANTIZE_ROWS rows and the bfloat16 matmul from there: the same bits as eager steps of as many rows."""
-    fast = QuantLinear.from_linear(_linear(64, 48, bias=True, seed=5), "int8", backend="cpu")
-    assert not fast.graph_op and use_graph_operator(fast) == 1 and fast.graph_op
-    compiled = torch.compile(fast, dynamic=True, fullgraph=True)
-    for rows in (2, 3, INT8_DEQUANTIZE_ROWS - 1, INT8_DEQUANTIZE_ROWS, 64):
-        x = torch.randn(rows, 64)
-        y = compiled(x)
-        assert torch.equal(y, fast(x)), rows
-        op = torch._weight_int8pack_mm(x.bfloat16(), fast.qweight, fast.scales).float() + fast.bias
-        assert torch.equal(y, op) == (rows < INT8_DEQUANTIZE_ROWS), rows  # the products differ: which one ran
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("cpu", marks=pytest.mark.skipif(

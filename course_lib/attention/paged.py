@@ -13,15 +13,11 @@ The engine packs every token of a step into one row, prefill chunks and decodes 
 Token t's K/V go to flat slot `slot_mapping[t] = block_id * block_size + offset`. Sequence i then
 attends its queries over its first `context_lens[i]` cached tokens, found through `block_tables[i]`;
 its j-th query sits at position `context_lens[i] - num_queries + j` (causal). Rows with one query
-(decodes) are batched in `paged_decode_attention`, the PyTorch twin of the Triton kernel in
-`course_lib.attention.triton_paged`, which the backend uses on CUDA, and of the C++ kernel in
-`course_lib.attention.cpu_paged`, which it uses on the CPU when asked (`use_cpp=True`): there every
-query of the step is such a row, a prompt's j-th token one that sees the context up to itself.
+(decodes) are batched in `paged_decode_attention`, the reference for the kernels of `course_lib.accel`
+(Triton on the GPU, C++ on the CPU), which subclass `PagedAttention`.
 """
 from __future__ import annotations
 
-import importlib.util
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +25,7 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..dtypes import resolve_dtype
-from . import causal_attention, cpu_paged
+from . import causal_attention
 
 
 class PagedKVCache:
@@ -167,12 +163,15 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache_layer: torch.Tensor,
 
 def paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
                            max_context_len: int | None = None) -> torch.Tensor:
-    """One query token per sequence over its paged context; the reference for the Triton kernel.
+    """One query token per sequence over its paged context: the reference for the Triton and C++ kernels.
 
     q [num_seqs, heads, head_dim]; k/v_cache_layer [num_blocks, block_size, kv_heads, head_dim];
-    block_tables [num_seqs, max_blocks] (entries past a sequence's context are ignored);
-    context_lens [num_seqs], each >= 1. The query sits after all its context: no mask but length.
+    block_tables [num_seqs, max_blocks] (entries past a sequence's context are ignored; -1 allowed);
+    context_lens [num_seqs]: cached tokens each sequence attends to. With k_new, v_new [num_seqs, kv_heads,
+    head_dim], each also attends to one more token not yet in the cache, after its cached ones (then a
+    context_len may be 0). The query sits after all its context: no mask but length.
     Returns [num_seqs, heads, head_dim].
     """
     num_seqs, num_heads, head_dim = q.shape
@@ -181,13 +180,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache
     if max_context_len is not None:
         num_blocks = min(num_blocks, -(-max_context_len // block_size))
     table = block_tables[:, :num_blocks].clamp(min=0).long()  # [num_seqs, blocks]; padding -> block 0, masked below
-    k = gather_blocks(k_cache_layer, table).transpose(1, 2)  # [num_seqs, kv_heads, blocks * block_size, head_dim]
-    v = gather_blocks(v_cache_layer, table).transpose(1, 2)
-    pos = torch.arange(k.shape[2], device=q.device)  # [ctx]
-    visible = (pos[None, :] < context_lens[:, None])[:, None, None, :]  # [num_seqs, 1, 1, ctx]
+    k = gather_blocks(k_cache_layer, table)  # [num_seqs, blocks * block_size, kv_heads, head_dim]
+    v = gather_blocks(v_cache_layer, table)
+    visible = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens[:, None]  # [num_seqs, ctx]
+    if k_new is not None:  # the new token last, always visible
+        k, v = torch.cat([k, k_new[:, None]], 1), torch.cat([v, v_new[:, None]], 1)
+        visible = torch.cat([visible, visible.new_ones(num_seqs, 1)], 1)
     # The query heads of one KV head act as that head's queries: [num_seqs, kv_heads, group, head_dim].
-    out = F.scaled_dot_product_attention(q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim), k, v,
-                                         attn_mask=visible)  # [num_seqs, kv_heads, group, head_dim]
+    out = F.scaled_dot_product_attention(q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim),
+                                         k.transpose(1, 2), v.transpose(1, 2), attn_mask=visible[:, None, None, :])
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
@@ -199,78 +200,26 @@ def gather_blocks(cache_layer: torch.Tensor, table: torch.Tensor) -> torch.Tenso
     return rows.view(table.shape[0], table.shape[1] * block_size, kv_heads, head_dim)
 
 
-def shuffled_block_tables(lengths: list[int], block_size: int, num_blocks: int, seed: int = 0) -> list[list[int]]:
-    """Blocks for sequences of `lengths` tokens, taken in turn from a random permutation of `num_blocks`: not
-    contiguous and not in order, as a long-running engine's free list hands them out."""
-    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
-    tables, start = [], 0
-    for n in lengths:
-        need = -(-n // block_size)
-        tables.append(perm[start:start + need])
-        start += need
-    return tables
-
-
-def random_decode_batch(context_lens: list[int] | tuple[int, ...], heads: int = 6, kv_heads: int = 2,
-                        head_dim: int = 8, block_size: int = 4, dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu", spare_blocks: int = 3, seed: int = 0) -> tuple:
-    """Random inputs for the decode kernels, for their tests and benchmarks: q, k_cache, v_cache, block_tables
-    (shuffled, padded with -1 and one spare column), context_lens, as `paged_decode_attention` takes them."""
-    g = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-c // block_size) for c in context_lens) + spare_blocks
-    k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
-    v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
-    q = torch.randn(len(context_lens), heads, head_dim, generator=g)
-    tables = shuffled_block_tables(list(context_lens), block_size, num_blocks, seed)
-    width = max(len(t) for t in tables) + 1
-    padded = torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32)
-    lens = torch.tensor(context_lens, dtype=torch.int32)
-    return tuple(t.to(device, dtype) for t in (q, k, v)) + (padded.to(device), lens.to(device))
-
-
-def triton_available(device: torch.device | str) -> bool:
-    """True when `device` is CUDA and Triton is installed; warns once when CUDA lacks Triton."""
-    if torch.device(device).type != "cuda":
-        return False
-    if importlib.util.find_spec("triton") is None:
-        warnings.warn("Triton is not installed: paged decode attention falls back to PyTorch (slower)")
-        return False
-    return True
-
-
 class PagedAttention:
     """Attention backend over a `PagedKVCache` for one packed step described by `attn_metadata`.
 
-    Pass it as `Transformer.forward(input_ids [1, num_tokens], positions [1, num_tokens], kv=...)`.
-    `use_triton=None` picks the Triton decode kernel on CUDA (when installed) and PyTorch elsewhere.
-    `use_cpp=True` runs every query row of the step on the CPU through the C++ decode kernel (`cpu_paged`)
-    where it builds, prompt tokens included: token j of a chunk of n whose sequence reaches context_len is a
-    decode row that sees the first context_len - n + j + 1 tokens, all in the cache once this step's K/V are
-    stored. One call for the whole step, not a flash call per prompt; it sums in float32 for bfloat16 too.
-    Against those calls (Zen 4, 9 heads of 64, one layer, float32 and bfloat16, two runs): 64 prompts of 48-127
-    tokens 2.0-3.3x, one prompt of 512 tokens 1.6-2.0x, of 1024 or 2048 0.96-1.6x.
+    Pass it as `Transformer.forward(input_ids [1, num_tokens], positions [1, num_tokens], kv=...)`. Each layer
+    stores its new K/V (`store`), then attends (`attend_stored`): decode rows together through
+    `decode_attention`, each prompt chunk through `causal_attention`. `course_lib.accel` subclasses it to run
+    its kernels in those two places.
     """
 
-    def __init__(self, kv_cache: PagedKVCache, attn_metadata: PagedAttentionMetadata,
-                 use_triton: bool | None = None, use_cpp: bool = False):
+    def __init__(self, kv_cache: PagedKVCache, attn_metadata: PagedAttentionMetadata):
         self.kv_cache, self.attn_metadata = kv_cache, attn_metadata
-        self.use_triton = triton_available(kv_cache.device) if use_triton is None else use_triton
-        self.use_cpp = use_cpp and cpu_paged.available(kv_cache.device)
         md, device = attn_metadata, kv_cache.device
         qsl = md.query_start_loc_cpu
-        query_lens = [qsl[i + 1] - qsl[i] for i in range(md.num_seqs)]
-        decodes = [i for i, n in enumerate(query_lens) if n == 1]
-        self.prefill_seqs = [i for i, n in enumerate(query_lens) if n > 1]  # chunks, looped over
+        self.query_lens = [qsl[i + 1] - qsl[i] for i in range(md.num_seqs)]
+        decodes = [i for i, n in enumerate(self.query_lens) if n == 1]
+        self.prefill_seqs = [i for i, n in enumerate(self.query_lens) if n > 1]  # chunks, looped over
         self.all_decode = len(decodes) == md.num_seqs and md.num_seqs > 0
         self.decode_seq_indices = torch.tensor(decodes, dtype=torch.int64, device=device)  # [num_decodes]
         self.decode_token_indices = torch.tensor([qsl[i] for i in decodes], dtype=torch.int64, device=device)
         self.decode_max_context_len = max((md.context_lens_cpu[i] for i in decodes), default=0)
-        if self.use_cpp:  # each query token as a decode row: its sequence's table, how many tokens it sees
-            row_seqs = [i for i, n in enumerate(query_lens) for _ in range(n)]
-            sees = [md.context_lens_cpu[i] - n + j + 1 for i, n in enumerate(query_lens) for j in range(n)]
-            self.row_tables = md.block_tables if self.all_decode else md.block_tables[
-                torch.tensor(row_seqs, dtype=torch.int64, device=device)]  # [num_tokens, max_blocks]
-            self.row_lens = torch.tensor(sees, dtype=torch.int32, device=device)  # [num_tokens]
         self.skip_slots = bool((md.slot_mapping < 0).any())  # one host sync per step, not per layer
         self.done = False
 
@@ -293,30 +242,35 @@ class PagedAttention:
         q = q.reshape(-1, *shape[2:])  # [num_tokens, heads, head_dim]
         k = k.reshape(-1, *k.shape[2:])  # [num_tokens, kv_heads, head_dim]
         v = v.reshape(-1, *v.shape[2:])
-        slots = md.slot_mapping  # may be shorter than the row: trailing padding writes nothing
-        if q.shape[0] < max(md.num_tokens, slots.shape[0]):
+        if q.shape[0] < max(md.num_tokens, md.slot_mapping.shape[0]):
             raise ValueError(f"packed row has {q.shape[0]} tokens; metadata describes {md.num_tokens} "
-                             f"queries and {slots.shape[0]} slots")
+                             f"queries and {md.slot_mapping.shape[0]} slots")
         k_cache, v_cache = self.kv_cache.k_cache[layer_idx], self.kv_cache.v_cache[layer_idx]
+        self.store(k, v, k_cache, v_cache)
+        out = q.new_zeros(q.shape) if q.shape[0] > md.num_tokens else torch.empty_like(q)  # padding rows: zeros
+        self.attend_stored(q, k, v, k_cache, v_cache, out)
+        return out.view(shape)
+
+    def store(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """Write this step's K/V [num_tokens, kv_heads, head_dim] at their slots (a slot of -1: skip)."""
+        slots = self.attn_metadata.slot_mapping  # may be shorter than the row: trailing padding writes nothing
         new_k, new_v = k[:slots.shape[0]], v[:slots.shape[0]]  # [num_slots, kv_heads, head_dim]
         if self.skip_slots:
             keep = slots >= 0  # [num_slots]
             new_k, new_v, slots = new_k[keep], new_v[keep], slots[keep]
         store_kvcache(new_k, new_v, k_cache, v_cache, slots)
 
-        out = q.new_zeros(q.shape) if q.shape[0] > md.num_tokens else torch.empty_like(q)
-        if self.use_cpp:  # every query row in one call of the C++ kernel
-            n = md.num_tokens
-            out[:n] = cpu_paged.cpu_paged_decode_attention(q[:n], k_cache, v_cache, self.row_tables, self.row_lens)
-            return out.view(shape)
+    def attend_stored(self, q, k, v, k_cache, v_cache, out) -> None:
+        """Fill out [num_tokens, heads, head_dim] with each query's attention over its sequence's stored K/V."""
+        md = self.attn_metadata
         if self.all_decode:  # a decode-only step: the row is one query per sequence, in order
             n = md.num_seqs
-            out[:n] = self._decode(q[:n], k_cache, v_cache, md.block_tables, md.context_lens,
-                                   md.max_context_len)
+            out[:n] = self.decode_attention(q[:n], k_cache, v_cache, md.block_tables, md.context_lens,
+                                            md.max_context_len)
         elif self.decode_seq_indices.numel():
             s, t = self.decode_seq_indices, self.decode_token_indices
-            out[t] = self._decode(q[t], k_cache, v_cache, md.block_tables[s], md.context_lens[s],
-                                  self.decode_max_context_len)
+            out[t] = self.decode_attention(q[t], k_cache, v_cache, md.block_tables[s], md.context_lens[s],
+                                           self.decode_max_context_len)
         for i in self.prefill_seqs:
             start, end = md.query_start_loc_cpu[i], md.query_start_loc_cpu[i + 1]
             ctx = md.context_lens_cpu[i]
@@ -328,14 +282,11 @@ class PagedAttention:
                 values = gather_blocks(v_cache, blocks)[0, :ctx]
             chunk = causal_attention(q[None, start:end], keys[None], values[None], start=ctx - (end - start))
             out[start:end] = chunk[0]  # [num_queries, heads, head_dim], in the row's dtype
-        return out.view(shape)
 
-    def _decode(self, q, k_cache, v_cache, block_tables, context_lens, max_context_len) -> torch.Tensor:
-        if self.use_triton:
-            from .triton_paged import triton_paged_decode_attention
-
-            return triton_paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens)
-        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len)
+    def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, max_context_len) -> torch.Tensor:
+        """The decode rows' attention: `paged_decode_attention` (a kernel, in `course_lib.accel`'s subclasses)."""
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens,
+                                      max_context_len=max_context_len)
 
     def advance(self, num_tokens: int) -> None:
         """Called by the model once per forward; the engine tracks each sequence's length itself."""

@@ -25,13 +25,15 @@ from .sequence import RequestOutput
 Prompt = str | list[int]  # text, or token ids already encoded
 
 
-def _check_options(quantization: str | None, group_size: int, fast_path: bool,
+def _check_options(quantization: str | None, group_size: int, accel, compile_decode: bool,
                    engine_args: dict) -> tuple[EngineConfig, int]:
     """The engine options and the model options, checked before any weight is touched."""
-    if not isinstance(fast_path, bool):
-        raise TypeError(f"fast_path must be True or False, got {fast_path!r}")
-    if fast_path:
-        engine_args.setdefault("cpp_decode_attention", True)
+    from ..accel.plan import Plan  # a dataclass; importing it builds nothing
+
+    if not isinstance(accel, (bool, Plan)):
+        raise TypeError(f"accel must be True, False or a course_lib.accel.Plan, got {accel!r}")
+    if not isinstance(compile_decode, bool):
+        raise TypeError(f"compile_decode must be True or False, got {compile_decode!r}")
     engine_config = EngineConfig.from_options(engine_args)  # a misspelled option fails before the model loads
     if quantization is not None:
         from ..quant.linear import METHODS
@@ -46,57 +48,57 @@ class LLM:
 
     `quantization="int8" | "int4"` swaps the linear layers for `QuantLinear`. INT4 uses groups of
     32 here: the default model's GGUF weights are already 4-bit in blocks of 32, and regrouping them
-    by 128 was measured to raise its perplexity 1.5-2.4x (benchmarks/quantization.py).
+    by 128 raises its perplexity (benchmarks/quantization.py).
 
-    `fast_path=True` runs the fused twin of the model (`course_lib.fast_path`: one matmul for q/k/v,
-    one for gate/up, fused RMSNorm; on the CPU, weights packed for oneDNN (bfloat16) or MKL (float32)) and, on the
-    CPU, attention through the C++ decode kernel, a prompt's tokens as decode rows (engine option
-    `cpp_decode_attention`). The
-    reference model, whose modules the early chapters read by name, is the default.
+    `LLM()` is the reference engine: pure PyTorch, the same code on every machine. `accel=True` applies
+    `course_lib.accel`'s plan for this machine (fused blocks; on the CPU oneDNN packed weights and C++ kernels,
+    built here once per machine; Triton attention on CUDA): the same tokens, faster. `python -m course_lib.accel`
+    prints the plan. `compile_decode=True` also compiles the decode step with `torch.compile` when the engine
+    starts (1-7 minutes on a 2-core CPU, in `llm.engine.stats.compile_seconds`; vLLM compiles by default and
+    turns it off with `enforce_eager=True`): for benchmarks and serving.
 
     Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free
-    GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len,
-    cpp_decode_attention, and
-    compile_decode: `torch.compile` the decode step when the engine starts (`course_lib.engine.compiled_decode`;
-    1-7 minutes on a 2-core CPU, reported in `llm.engine.stats.compile_seconds`; vLLM compiles by default
-    and turns it off with `enforce_eager=True`). Use it with `fast_path=True`, for benchmarks and serving.
+    GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: torch.dtype | str | None = None, quantization: str | None = None,
-                 group_size: int = 32, fast_path: bool = False, **engine_args):
-        engine_config, group_size = _check_options(quantization, group_size, fast_path, engine_args)
+                 group_size: int = 32, accel=False, compile_decode: bool = False, **engine_args):
+        engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, engine_args)
         device, dtype = resolve_device_dtype(device, dtype)  # the policy: course_lib.dtypes
         weights = load_model(model, device=device, dtype=dtype)
-        self._start(weights, load_tokenizer(model), engine_config, quantization, group_size, fast_path)
+        self._start(weights, load_tokenizer(model), engine_config, quantization, group_size, accel, compile_decode)
 
     @classmethod
     def from_model(cls, model: Transformer, tokenizer: Tokenizer, quantization: str | None = None,
-                   group_size: int = 32, fast_path: bool = False, **engine_args) -> "LLM":
+                   group_size: int = 32, accel=False, compile_decode: bool = False, **engine_args) -> "LLM":
         """An LLM around a model already in memory (random weights of a real shape, a model built in a notebook),
-        on the model's device and dtype. `fast_path` and `quantization` change `model` in place."""
+        on the model's device and dtype. `accel` and `quantization` change `model` in place."""
         llm = cls.__new__(cls)
-        engine_config, group_size = _check_options(quantization, group_size, fast_path, engine_args)
-        llm._start(model, tokenizer, engine_config, quantization, group_size, fast_path)
+        engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, engine_args)
+        llm._start(model, tokenizer, engine_config, quantization, group_size, accel, compile_decode)
         return llm
 
     def _start(self, model: Transformer, tokenizer: Tokenizer, engine_config: EngineConfig,
-               quantization: str | None, group_size: int, fast_path: bool) -> None:
+               quantization: str | None, group_size: int, accel, compile_decode: bool) -> None:
         self.device, self.model, self.tokenizer = model.device, model, tokenizer
-        if fast_path:
-            from ..fast_path import use_fast_path
+        self.accel = None
+        if accel is not False or compile_decode:  # the one place course_lib.accel touches the engine
+            from ..accel import Accelerator, plan_for, reference_plan
 
-            use_fast_path(self.model)  # before quantizing, so the fused matmuls are quantized whole
-        if quantization is not None:
+            if accel is True:
+                plan = plan_for(model.device, model.dtype, compile_decode)
+            elif accel is False:
+                plan = reference_plan(model.device, model.dtype, compile_decode)
+            else:
+                plan = accel
+            self.accel = Accelerator.apply(model, plan, quantization, group_size)  # fuse, quantize, pack
+        elif quantization is not None:
             from ..quant import quantize_model
 
             quantize_model(self.model, quantization, group_size=group_size)
-        if fast_path:  # last: on the CPU each linear layer gets kernels fit for its dtype and rows
-            from ..packed_linear import pack_linears
-
-            pack_linears(self.model, opaque=not engine_config.compile_decode)  # Inductor packs its own (freezing)
         self.config = self.model.config
-        self.engine = LLMEngine(self.model, self.tokenizer, engine_config)
+        self.engine = LLMEngine(self.model, self.tokenizer, engine_config, self.accel)
 
     @property
     def max_model_len(self) -> int:

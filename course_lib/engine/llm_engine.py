@@ -45,8 +45,6 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
-    compile_decode: bool = False  # torch.compile the decode step at start-up (minutes on a CPU; see compiled_decode)
-    cpp_decode_attention: bool = False  # on the CPU, attention through the C++ decode kernel (attention/cpu_paged.py)
 
     def __post_init__(self) -> None:
         at_least_1 = lambda v: v >= 1  # noqa: E731
@@ -62,9 +60,8 @@ class EngineConfig:
             self.kv_cache_memory = number("EngineConfig.kv_cache_memory", budget, kind,
                                           at_least_1 if kind is Integral else lambda v: 0 < v <= 1,
                                           "None, bytes (an integer >= 1) or a fraction of free GPU memory in (0, 1]")
-        for name in ("enable_prefix_caching", "compile_decode", "cpp_decode_attention"):
-            if not isinstance(getattr(self, name), bool):
-                raise invalid(TypeError, f"EngineConfig.{name}", "True or False", getattr(self, name))
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise invalid(TypeError, "EngineConfig.enable_prefix_caching", "True or False", self.enable_prefix_caching)
 
     @classmethod
     def from_options(cls, options: dict) -> "EngineConfig":
@@ -92,13 +89,15 @@ class EngineStats:
     prefix_cache_hit_rate: float = 0.0
     blocks_used: int = 0
     blocks_free: int = 0
-    compile_seconds: float = 0.0  # time torch.compile took at start-up (compile_decode=True)
+    compile_seconds: float = 0.0  # time torch.compile took at start-up (`LLM(compile_decode=True)`)
 
 
 class LLMEngine:
-    """Continuous-batching engine over a paged KV cache."""
+    """Continuous-batching engine over a paged KV cache.
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, config: EngineConfig | None = None):
+    `accel`: a `course_lib.accel.Accelerator` whose kernels the model runner uses, or None (the reference)."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, config: EngineConfig | None = None, accel=None):
         self.model, self.tokenizer = model, tokenizer
         self.config = config = config or EngineConfig()
         budget = config.kv_cache_memory
@@ -108,7 +107,7 @@ class LLMEngine:
         self.block_manager = BlockManager(kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens),
                                    self.block_manager)
-        self.model_runner = ModelRunner(model, kv_cache, config.compile_decode, config.cpp_decode_attention)
+        self.model_runner = ModelRunner(model, kv_cache, accel)
         limit = min(model.config.max_position_embeddings, kv_cache.num_blocks * config.block_size)
         if config.max_model_len is not None and not 1 <= config.max_model_len <= limit:
             raise ValueError(f"max_model_len must be in [1, {limit}] (the model's context and the KV cache), "

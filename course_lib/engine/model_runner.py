@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import cpu_paged
 from ..attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache, slots_for
 from ..model import Transformer
 from ..sampling import Sampler
@@ -20,25 +19,16 @@ from .scheduler import ScheduledBatch
 class ModelRunner:
     """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`.
 
-    With `compile_decode=True`, decode-only steps go through a `CompiledDecodeStep` (compiled here,
-    once): steps of one sequence always, batched ones when it uses the C++ kernel;
-    other steps run eagerly. `cpp_decode_attention=True` gives decode rows the C++ kernel on the CPU,
-    in the compiled graph and in eager steps (`PagedAttention(use_cpp=True)`), where prompt tokens go
-    through it too, each a row that sees the tokens up to itself.
+    `accel` (a `course_lib.accel.Accelerator`, or None for the reference engine) supplies the attention backend,
+    the greedy argmax and, with `compile_decode`, a compiled step for decode-only steps (compiled here, once).
     """
 
-    def __init__(self, model: Transformer, kv_cache: PagedKVCache, compile_decode: bool = False,
-                 cpp_decode_attention: bool = False):
+    def __init__(self, model: Transformer, kv_cache: PagedKVCache, accel=None):
         self.model = model
         self.kv_cache = kv_cache
-        self.use_cpp = cpp_decode_attention and cpu_paged.available(kv_cache.device)  # builds it now, not mid-request
-        self.sampler = Sampler()
-        self.compiled_decode = None
-        if compile_decode:
-            from .compiled_decode import CompiledDecodeStep
-
-            self.compiled_decode = CompiledDecodeStep(model, kv_cache, use_cpp=self.use_cpp)
-            self.compiled_decode.warmup()
+        self.attention = PagedAttention if accel is None else accel.attention  # (kv_cache, metadata) -> backend
+        self.sampler = Sampler() if accel is None else Sampler(accel.argmax)
+        self.compiled_decode = None if accel is None else accel.decode_step(model, kv_cache)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[int | None]:
@@ -54,7 +44,7 @@ class ModelRunner:
             if done:
                 logits_index.append(len(ids) - 1)
         if (self.compiled_decode is not None and len(ids) == len(batch.seqs) == len(logits_index)
-                and (len(ids) == 1 or self.compiled_decode.use_cpp)):
+                and self.compiled_decode.takes(len(ids))):
             slots = [slots_for(seq.block_table, [p], self.kv_cache.block_size)[0]
                      for seq, p in zip(batch.seqs, positions)]
             logits = self.compiled_decode(  # every sequence adds one token and samples
@@ -68,7 +58,7 @@ class ModelRunner:
         input_ids = torch.tensor([ids], device=device)  # [1, num_tokens]
         pos = torch.tensor([positions], device=device)  # [1, num_tokens]
         index = torch.tensor(logits_index, device=device, dtype=torch.long)
-        kv = PagedAttention(self.kv_cache, meta, use_cpp=self.use_cpp)
+        kv = self.attention(self.kv_cache, meta)
         logits = self.model(input_ids, pos, kv=kv, logits_index=index)[0]
         return self._sample(logits, batch.seqs, samples)
 

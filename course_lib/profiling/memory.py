@@ -54,7 +54,7 @@ def as_model_config(config: ConfigLike) -> ModelConfig:
 def weight_bytes(module: nn.Module) -> int:
     """Bytes of a module's parameters and buffers, each shared (tied) tensor counted once.
 
-    A oneDNN-packed weight (`course_lib.packed_linear.PackedLinear`) has no storage to read: it counts
+    A oneDNN-packed weight (`course_lib.accel.linear.PackedLinear`) has no storage to read: it counts
     as its logical size, shared with nothing."""
     seen: set[tuple[int, int]] = set()
     total = 0

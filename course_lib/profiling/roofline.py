@@ -161,21 +161,14 @@ def measure_decode(model: torch.nn.Module, context_len: int = 512, batch: int = 
 def weights_read(model: torch.nn.Module) -> int:
     """Bytes of weights a step reads: all of them, less the input embedding table (only rows are gathered)
     unless the lm_head multiplies by that very table (tied, not packed into a copy of its own), and less
-    the plain twin of a weight also held packed (`PackedLinear(keep_weight=True)`, `AmxLinear`, the panels of
-    `SgemmPackedLinear`: a step reads one of them)."""
+    the panels a layer of `course_lib.accel` holds beside its packed weight (a step reads one of the two)."""
     total = weight_bytes(model)
     emb = model.embed_tokens.weight
     head = model.lm_head
     if not (isinstance(head, torch.nn.Linear) and head.weight is emb):
         total -= emb.numel() * emb.element_size()
     for m in model.modules():
-        packed, plain = getattr(m, "packed_weight", None), getattr(m, "weight", None)
-        if isinstance(packed, torch.Tensor) and packed.is_mkldnn and plain is not None \
-                and plain.data_ptr() != emb.data_ptr():  # a tied head's plain twin is the table, left out above
-            total -= plain.numel() * plain.element_size()
-        # AmxLinear: the plain weight and the same as AMX tiles; SgemmPackedLinear: MKL's packing and the same as
-        # panels for a few rows. A step reads one of the two.
-        for twin in (getattr(m, "amx_weight", None), getattr(m, "panels", None)):
-            if isinstance(twin, torch.Tensor):
-                total -= twin.numel() * twin.element_size()
+        panels = getattr(m, "panels", None)
+        if isinstance(panels, torch.Tensor):
+            total -= panels.numel() * panels.element_size()
     return total

@@ -28,16 +28,13 @@ Backends, chosen once per layer when it is built (`backend="auto"` picks by the 
 from __future__ import annotations
 
 import copy
-import functools
 import importlib.util
 import warnings
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..cpp_build import load_cpu_extension, register_fake
 from ..dtypes import onednn_has_kernels
 from .int4 import dequantize_int4, padded_in_features, quantize_int4, unpack_int4
 from .int8 import dequantize_int8, quantize_int8
@@ -54,20 +51,6 @@ INT4_DEQUANTIZE_ROWS = 2.5
 # decode step): 1.01x at 16 rows, 1.32x at 24, 1.62x at 32, 2.35x at 64; one layer alone: 0.5x at 8 rows,
 # 4.5-8.4x at 256-4096.
 INT8_DEQUANTIZE_ROWS = 24
-INT8_SOURCE = Path(__file__).with_name("int8_linear_cpu.cpp")
-
-
-@functools.cache
-def int8_kernel():
-    """The C++ operator `course_lib::int8_linear` (`int8_linear_cpu.cpp`): the "cpu" INT8 product chosen by the
-    rows when the step runs, for compiled graphs, which cannot branch on them. Built on first use; None where it
-    cannot be built, or where oneDNN has no bfloat16 kernels (there every step takes the op)."""
-    if not onednn_has_kernels(torch.bfloat16):
-        return None
-    kernel = load_cpu_extension("int8_linear", INT8_SOURCE)
-    if kernel is not None:
-        register_fake("int8_linear", lambda x, codes, scales, many_rows: x.new_empty((x.shape[0], codes.shape[0])))
-    return kernel
 
 
 def cpu_backend_problem(method: str, in_features: int, out_features: int, group_size: int) -> str | None:
@@ -148,7 +131,6 @@ class QuantLinear(nn.Module):
                 self.register_buffer("scales", torch.zeros(n, groups, **kw))
                 self.register_buffer("mins", torch.zeros(n, groups, **kw))
         self.register_buffer("bias", torch.zeros(n, dtype=bias_dtype, **kw) if bias else None)
-        self.graph_op = False  # a compiled graph calls `course_lib::int8_linear`: set by `use_graph_operator`
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, method: str = "int8", group_size: int = 128,
@@ -245,9 +227,7 @@ class QuantLinear(nn.Module):
     def _forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [tokens, in]
         many = self.dequantizes_for(x2.shape[0])  # many rows: a bfloat16 matmul instead of the op
-        if self.method == "int8" and self.graph_op and torch.compiler.is_compiling():  # it chooses as it runs
-            y = torch.ops.course_lib.int8_linear(x2, self.qweight, self.scales, INT8_DEQUANTIZE_ROWS)
-        elif self.method == "int8":
+        if self.method == "int8":
             y = self._forward_torch(x2) if many else torch._weight_int8pack_mm(x2, self.qweight, self.scales)
         else:
             pad = self.padded_in_features - self.in_features
@@ -259,8 +239,8 @@ class QuantLinear(nn.Module):
 
     def dequantizes_for(self, rows: int) -> bool:
         """True when this "cpu" layer computes a step of `rows` rows as a bfloat16 matmul, not through the op.
-        Never inside `torch.compile`: a branch on the rows there would make a graph for each side (an INT8
-        layer's graph calls `course_lib::int8_linear` instead, which makes the same choice as the step runs)."""
+        Never inside `torch.compile`: a branch on the rows there would make a graph for each side
+        (`course_lib.accel` gives compiled INT8 layers an operator that makes the same choice as the step runs)."""
         if self.backend != "cpu" or torch.compiler.is_compiling() or not onednn_has_kernels(torch.bfloat16):
             return False
         if self.method == "int8":
@@ -278,18 +258,6 @@ class QuantLinear(nn.Module):
         group = f", group_size={self.group_size}" if self.method == "int4" else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, method={self.method}"
                 f"{group}, backend={self.backend}, bias={self.bias is not None}")
-
-
-def use_graph_operator(model: nn.Module) -> int:
-    """Before `torch.compile` traces `model`: build `int8_kernel` (~50 s, once per machine) and have the graph of
-    every "cpu" INT8 layer call it, so compiled steps choose the product by their rows too. Returns how many
-    layers will; 0 where it cannot be built (their graphs then call the op at any rows)."""
-    layers = [m for m in model.modules() if isinstance(m, QuantLinear) and m.backend == "cpu" and m.method == "int8"]
-    if layers and int8_kernel() is not None:
-        for layer in layers:
-            layer.graph_op = True
-        return len(layers)
-    return 0
 
 
 def quantize_model(model: nn.Module, method: str, group_size: int = 128, backend: str = "auto",

@@ -1,46 +1,45 @@
-"""A faster model for the engine: the same blocks with fewer, larger operations.
+"""The fused twin of the model: the same blocks with fewer, larger operations.
 
-    model = load_model(...)
-    use_fast_path(model)     # per block: q/k/v -> one qkv_proj, gate/up -> one gate_up_proj, fused elementwise
-    pack_linears(model)      # CPU: weights laid out once for the CPU's kernels (`course_lib.packed_linear`)
-
-`course_lib.model` stays the readable reference. Each class here subclasses one of its modules and
-changes only how it computes the same numbers: one matmul reads the weights of three (or two) and
-writes one output, and the elementwise steps (RMSNorm, the residual add before the second norm,
-RoPE, SiLU*up) each take one pass (`course_lib.fused_ops`: C++ in eager CPU steps, PyTorch's
-expression elsewhere). `tests/test_fast_path.py` checks logits and greedy tokens against the reference model.
-The separate projections are removed (not kept as copies), so a fused model holds no extra
-memory; code that reads `q_proj` by name (the early chapters) uses the reference model.
-
-`packed_linear.pack_linears` then only changes which CPU kernel computes each linear layer.
+`course_lib.model` stays the readable reference. Each class here subclasses one of its modules and changes only
+how it computes the same numbers: one matmul reads the weights of three (or two) and writes one output, and the
+elementwise steps (RMSNorm, the residual add before the second norm, RoPE, SiLU*up) each take one pass
+(`fused_ops`: the C++ kernels in eager CPU steps when built, PyTorch's expression elsewhere).
+`tests/test_fused_model.py` checks logits and greedy tokens against the reference model. The separate
+projections are removed (not kept as copies), so a fused model holds no extra memory; code that reads
+`q_proj` by name (the early chapters) uses the reference model.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
+from ..attention import causal_attention
+from ..model import MLP, Attention, Block, RMSNorm, Transformer
 from . import fused_ops
-from .attention import causal_attention
-from .model import MLP, Attention, Block, RMSNorm, Transformer
 
 
 class FusedRMSNorm(RMSNorm):
-    """RMSNorm in one pass (`fused_ops.rms_norm`: C++ in eager CPU steps, else `F.rms_norm`), in float32."""
+    """RMSNorm in one pass, in float32. `ops`: the built extension, or None (PyTorch's `F.rms_norm`)."""
+
+    ops = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused_ops.rms_norm(x, self.weight, self.eps)
+        return fused_ops.rms_norm(x, self.weight, self.eps, self.ops)
 
 
 class FusedAttention(Attention):
     """Attention whose q, k and v come from one matmul with the three weights stacked: [q + 2 kv, hidden].
 
-    In eager CPU steps RoPE rotates q and k in place in that matmul's output, in one pass (`fused_ops`)."""
+    With the kernels, RoPE rotates q and k in place in that matmul's output, in one pass."""
+
+    ops = None
 
     def forward(self, x, cos, sin, kv=None) -> torch.Tensor:
-        if fused_ops.cpp_kernel(x) is None:
+        if fused_ops.usable(self.ops, x) is None:
             return super().forward(x, cos, sin, kv)  # project_qkv, then model.apply_rope
         B, T, _ = x.shape
-        qkv = fused_ops.rope_qk_(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
+        qkv = fused_ops.rope_qk_(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, self.head_dim,
+                                 self.ops)
         q, k, v = self.split_qkv(qkv)
         out = causal_attention(q, k, v) if kv is None else kv.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
@@ -60,16 +59,21 @@ class FusedAttention(Attention):
 class FusedMLP(MLP):
     """SwiGLU whose gate and up projections are one matmul: [2 * intermediate, hidden]."""
 
+    ops = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(fused_ops.silu_mul(self.gate_up_proj(x)))
+        return self.down_proj(fused_ops.silu_mul(self.gate_up_proj(x), self.ops))
 
 
 class FusedBlock(Block):
     """A block whose residual add and post-attention RMSNorm are one pass (`fused_ops.add_rms_norm`)."""
 
+    ops = None
+
     def forward(self, x, cos, sin, kv=None) -> torch.Tensor:
         norm = self.post_attention_layernorm
-        x, h = fused_ops.add_rms_norm(x, self.self_attn(self.input_layernorm(x), cos, sin, kv), norm.weight, norm.eps)
+        x, h = fused_ops.add_rms_norm(x, self.self_attn(self.input_layernorm(x), cos, sin, kv), norm.weight,
+                                      norm.eps, self.ops)
         return x + self.mlp(h)
 
 
@@ -84,8 +88,10 @@ def stack_linears(linears: list[nn.Linear]) -> nn.Linear:
     return fused
 
 
-def use_fast_path(model: Transformer) -> Transformer:
-    """Turn every block of `model` into its fused twin, in place; returns the model. Call before quantizing."""
+def fuse_model(model: Transformer, ops=None) -> Transformer:
+    """Turn every block of `model` into its fused twin, in place; returns the model. Call before quantizing.
+
+    `ops`: the built extension (`build.build().module`) for the elementwise steps of eager CPU steps, or None."""
     for block in model.layers:
         attn, mlp = block.self_attn, block.mlp
         if type(attn) is Attention:
@@ -103,5 +109,7 @@ def use_fast_path(model: Transformer) -> Transformer:
             block.__class__ = FusedBlock
     if type(model.norm) is RMSNorm:
         model.norm.__class__ = FusedRMSNorm
+    for module in model.modules():
+        if isinstance(module, (FusedRMSNorm, FusedAttention, FusedMLP, FusedBlock)):
+            module.ops = ops
     return model
-

@@ -1,48 +1,22 @@
-// Decode attention over the paged KV cache on the CPU: one query token per sequence.
+// Attention over the paged KV cache on the CPU: one query row per sequence (a decode token), or each token of
+// a prompt as a row that sees the tokens up to itself (`accel/attention.py`).
 //
-// The CPU twin of the Triton kernel in triton_paged.py, and like it checked against the PyTorch
-// reference `paged_decode_attention` (tests/test_paged_attention.py). One task per sequence:
+// The CPU twin of the Triton kernel (accel/triton_paged.py), and like it checked against the PyTorch reference
+// `course_lib.attention.paged.paged_decode_attention` (tests/test_paged_attention.py). One task per row:
 //
 //   1. load its query heads as float, times 1/sqrt(head_dim)
 //   2. scores[h, t] = q[h] . k[t, h / group] for each cached token t, read in place through the block table
 //   3. softmax over t (in float; double for double inputs)
 //   4. out[h] = sum_t p[h, t] * v[t, h / group], read in place through the block table
 //
-// No gather into a padded tensor and no mask: each sequence reads exactly its own context_len tokens.
-// A "sequence" here is one query row: PagedAttention(use_cpp=True) also passes each prompt token as a row
-// with its sequence's block table and context_len = its position + 1 (causal attention, one row at a time).
-// Against one PyTorch flash call per prompt (Zen 4, 9 heads of 64, a layer, float32 and bfloat16, two runs):
-// 64 prompts of 48-127 tokens 2.0-3.3x; one prompt of 512 1.6-2.0x, of 1024 or 2048 0.96-1.6x (each query
-// reads its whole prefix again, from cache, where flash reuses a tile of keys for many queries).
-//
-// Two versions of the same steps: `paged_decode` (plain loops, any dtype and head_dim: the readable one,
-// and the one for float64) and `paged_decode_vec` (float, bfloat16, float16 with head_dim 64 or 128: the
-// one that runs), written with ATen's Vectorized<float> on the SIMD width this CPU was built for.
-// `paged_decode` reads each token's K (V) row of all KV heads once, whole, for every query head.
-// `paged_decode_vec` goes KV head by KV head (`attend_heads`): the query heads that share it (up to 4 at a
-// time) keep their q, and later their outputs, in registers for the whole context, so a token costs one
-// load of its K (V) part and the multiply-adds; the scores of 16 tokens are summed across lanes at once
-// (`lane_sums`). Each sequence's row addresses are looked up in its block table once (`k_rows`, `v_rows`),
-// not per token and KV head. Inside a decode step the K/V is never in cache (the layer's weights streamed
-// through since it was read), so it prefetches rows 16 tokens ahead, into L2.
-// Measured per call on a 2-core Xeon (AVX-512, AMX), 9 query and 3 KV heads of 64, after 32 MB of other
-// writes, median of 60-150 calls alternated in one process, the previous vector version (a token's row
-// whole for all heads, outputs in memory) -> by KV head: float32 64 sequences of 90-190 tokens 1380 -> 1206 us,
-// 16 of 48-190 334 -> 294 us; bfloat16 64 sequences 1016 -> 844 us, 16 286 -> 256 us. Whole eager engine
-// runs, 64 requests x 64 tokens, alternated: float32 1.04x, bfloat16 1.05x; 16 requests level. Then the row
-// addresses looked up once (same kind of machine, a later session, 80 calls): float32 64 sequences 1295 -> 1211 us,
-// bfloat16 1012 -> 918 us; 16 sequences level to 1.06x. Now the kernel reads K/V at 7-9 GB/s against
-// 11-15 GB/s of copy bandwidth, and a call whose K/V fits in L2 (8 sequences, 1 thread) takes a third of the
-// time of the same call cold: it is close to memory-bound; other loop orders (block by block, all KV heads
-// at once, with whole rows prefetched) and prefetch distances were no faster. On a 2-core AMD EPYC (Zen 4),
-// 64 sequences took 380-400 us warm and 830-1060 us cold (bfloat16; float32 about the same warm): there the
-// prefetches into L1 8 rows ahead were the limit. Into L2 16 rows ahead (60-80 calls alternated, K/V evicted,
-// three runs): 16 and 64 sequences 1.2-1.4x, 1 sequence 1.04-1.12x; into L1 16 or 32 ahead, or V alone into
-// L2, gained less; one KV head alone (its rows contiguous, as a per-KV-head cache layout would make them) read
-// no faster per head. Compiled engine, taking turns (4 rounds, median), 64 requests x 64 tokens: bfloat16
-// 452 -> 478 tok/s, float32 236 -> 230 (its rounds spread 217-268); 16 requests: 424 -> 431, 203 -> 218;
-// batch-1: 70.7 -> 73.1, 45.9 level. `benchmarks/decode_attention.py` measures it against the PyTorch
-// reference, with its GB/s.
+// No gather into a padded tensor and no mask: each row reads exactly its own context_len tokens.
+// Two versions of the same steps: `paged_decode` (plain loops, any dtype and head_dim: the readable one, and the
+// one for float64) and `paged_decode_vec` (float, bfloat16, float16 with head_dim 64 or 128: the one that runs),
+// written with ATen's Vectorized<float>. `paged_decode_vec` goes KV head by KV head (`attend_heads`): the query
+// heads that share it keep their q, and later their outputs, in registers for the whole context, so a token
+// costs one load of its K (V) part and the multiply-adds. Inside a decode step the K/V is never in cache (the
+// layer's weights streamed through since it was read), so it prefetches rows ahead, into L2.
+// `python -m benchmarks.decode_attention` measures it against the reference; benchmarks/RESULTS.md has the history.
 
 // Use the widest vector code this build's -march=native allows (ATen's own kernels are built per width).
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
@@ -63,6 +37,9 @@
 #include <cmath>
 #include <utility>
 #include <vector>
+
+namespace course_lib {
+namespace {
 
 // Where token t of a sequence starts in the cache, in elements: its slot (the block its table names, times
 // block_size, plus its offset in the block: `slot_mapping` in paged.py) times one row's length.
@@ -286,6 +263,8 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
   });
 }
 
+}  // namespace
+
 // q [num_seqs, num_heads, head_dim]; k/v_cache [num_blocks, block_size, kv_heads, head_dim] (one layer);
 // block_tables [num_seqs, max_blocks], context_lens [num_seqs]: cached tokens of each sequence.
 // k_new, v_new [num_seqs, kv_heads, head_dim] (optional): one more token per sequence, not yet in the cache,
@@ -335,16 +314,4 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   return out;
 }
 
-// The operator course_lib::paged_decode_attention for compiled graphs, registered in C++ so the graph calls
-// it without going back to Python.
-TORCH_LIBRARY_FRAGMENT(course_lib, m) {
-  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor context_lens, Tensor? k_new=None, Tensor? v_new=None) -> Tensor");
-}
-TORCH_LIBRARY_IMPL(course_lib, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged KV cache (CPU)",
-        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("context_lens"),
-        py::arg("k_new") = py::none(), py::arg("v_new") = py::none());
-}
+}  // namespace course_lib

@@ -1,11 +1,10 @@
 // The elementwise steps of a decoder block, each in one pass over memory (CPU, float32/bfloat16/float16),
 // and greedy sampling's argmax over the vocabulary.
 //
-// Eager PyTorch runs `x * cos + rotate_half(x) * sin` as six kernels and an RMSNorm as eight, each a
-// parallel region over a few thousand numbers: for a decode step of the 135M model that is ~20% of the
-// step. Each function here is the same arithmetic in one loop, rounding where PyTorch rounds (after
-// every op, in the tensor's dtype), so results match the reference up to float32 summation order.
-// Inputs are contiguous rows; Python (`course_lib/fused_ops.py`) checks shapes and dtypes.
+// Eager PyTorch runs `x * cos + rotate_half(x) * sin` as six kernels and an RMSNorm as eight, each a parallel
+// region over a few thousand numbers. Each function here is the same arithmetic in one loop, rounding where
+// PyTorch rounds (after every op, in the tensor's dtype), so results match the reference up to float32
+// summation order. Inputs are contiguous rows; Python (`course_lib/accel/fused_ops.py`) checks shapes and dtypes.
 // ATen's Vectorized<float> at the widest SIMD width -march=native allows (for exp in SiLU).
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define CPU_CAPABILITY_AVX512
@@ -23,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+namespace course_lib {
 namespace {
 
 // Each kernel works on float rows: load (T -> float), compute in plain float loops that the compiler
@@ -163,10 +163,10 @@ void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t inter) {
 }
 
 // Greedy sampling's argmax of each row of logits: the first index of the largest value, a NaN counting as
-// larger than any number (PyTorch's `max(-1).indices`, which tracks an index per element: 2.3-2.7 ms for
-// 64 rows of 49152 on a 2-core Zen 4, this 0.4-0.5 ms). Each value becomes an int32 key in the same order
-// (`order_key`), so one vectorized integer pass finds the row's top key and a second the first chunk of 64
-// that holds it. Integer, not float, compares: -ffast-math (this file's build) lets a compiler drop isnan.
+// larger than any number (PyTorch's `max(-1).indices`, which tracks an index per element). Each value becomes
+// an int32 key in the same order (`order_key`), so one vectorized integer pass finds the row's top key and a
+// second the first chunk of 64 that holds it. Integer, not float, compares: -ffast-math (this build) lets a
+// compiler drop isnan.
 inline int32_t order_key(uint32_t bits) {  // bits: a float32's
   const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;  // any NaN: above +inf
   bits = bits == 0x80000000u ? 0u : bits;  // -0 == +0
@@ -264,10 +264,4 @@ torch::Tensor argmax_rows(torch::Tensor x) {
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm, "RMSNorm of each row, one pass");
-  m.def("add_rms_norm", &add_rms_norm, "(x + add, rms_norm(x + add)): residual add and norm, one pass");
-  m.def("rope_qk_", &rope_qk_, "RoPE in place on the first rot_heads heads of packed qkv rows");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up from [.., 2 * inter] rows");
-  m.def("argmax_rows", &argmax_rows, "first index of each row's largest value (NaN largest)");
-}
+}  // namespace course_lib

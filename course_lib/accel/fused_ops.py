@@ -1,4 +1,4 @@
-"""A decoder block's elementwise steps in one pass each, for eager steps on the CPU (`fused_ops_cpu.cpp`).
+"""A decoder block's elementwise steps in one pass each, for eager steps on the CPU (`csrc/fused_ops.cpp`).
 
     rms_norm(x, w, eps)             == w * F.rms_norm(x.float(), ...).to(x.dtype)    (`FusedRMSNorm`)
     add_rms_norm(x, y, w, eps)      == (x + y, rms_norm(x + y, w, eps))              residual add + next norm
@@ -6,55 +6,43 @@
     silu_mul(gate_up)               == F.silu(gate) * up                             (SwiGLU's middle)
     argmax_rows(logits)             == logits.max(-1).indices                        (greedy sampling)
 
-Eager PyTorch runs each of these as 5-8 kernels over a few thousand numbers, each a parallel region
-with its own start-up cost: in a decode step of 64 sequences of the default model, RMSNorm, RoPE and
-SiLU took ~30 of ~200 ms. Each function takes the C++ path for CPU tensors where the kernel builds,
-and outside `torch.compile` (whose generated code fuses these itself); elsewhere it runs the PyTorch
+Eager PyTorch runs each of these as 5-8 kernels over a few thousand numbers, each a parallel region with its own
+start-up cost. Each function takes `ext`, the built extension (or None), and uses it for CPU tensors of
+`KERNEL_DTYPES` outside `torch.compile` (whose generated code fuses these itself); elsewhere it runs the PyTorch
 expression on its right above, which is also what `tests/test_fused_ops.py` checks it against.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
-from .cpp_build import load_cpu_extension
-from .model import apply_rope
-
-SOURCE = Path(__file__).with_name("fused_ops_cpu.cpp")
-
-
-def kernel():
-    """The compiled extension, or None where it does not build (built once, on first use)."""
-    return load_cpu_extension("fused_ops_cpu", SOURCE)
-
+from ..model import apply_rope
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64 (tests only) keeps PyTorch's arithmetic
 
 
-def cpp_kernel(x: torch.Tensor):
-    """The extension where `x` can take it (a CPU tensor of `KERNEL_DTYPES` in an eager step), else None."""
-    if torch.compiler.is_compiling() or x.device.type != "cpu" or x.dtype not in KERNEL_DTYPES:
+def usable(ext, x: torch.Tensor):
+    """`ext` where `x` can take it (a CPU tensor of `KERNEL_DTYPES` in an eager step), else None."""
+    if ext is None or torch.compiler.is_compiling() or x.device.type != "cpu" or x.dtype not in KERNEL_DTYPES:
         return None
-    return kernel()
+    return ext
 
 
 def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    ext = cpp_kernel(x)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, ext=None) -> torch.Tensor:
+    ext = usable(ext, x)
     if ext is None or weight.dtype != x.dtype:
         return reference_rms_norm(x, weight, eps)
     return ext.rms_norm(x.contiguous(), weight, eps)
 
 
-def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, ext=None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + y, rms_norm(x + y)): the residual stream after a sublayer, and the next sublayer's input."""
-    ext = cpp_kernel(x)
+    ext = usable(ext, x)
     if ext is None or weight.dtype != x.dtype or y.dtype != x.dtype:
         s = x + y
         return s, reference_rms_norm(s, weight, eps)
@@ -62,11 +50,11 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
 
 
 def rope_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
-             head_dim: int) -> torch.Tensor:
+             head_dim: int, ext=None) -> torch.Tensor:
     """RoPE on the q and k heads of `qkv` [batch, seq, (heads + 2 kv_heads) * head_dim], in place; returns it.
 
     cos, sin [batch, seq, head_dim] as `RotaryEmbedding` gives them."""
-    ext = cpp_kernel(qkv)
+    ext = usable(ext, qkv)
     if ext is None or not qkv.is_contiguous() or cos.dtype != qkv.dtype:
         B, T, _ = qkv.shape
         rotated = num_heads + num_kv_heads
@@ -77,21 +65,18 @@ def rope_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads:
     return qkv
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, ext=None) -> torch.Tensor:
     """silu(gate) * up, from gate_up [..., 2 * intermediate] with the gate first."""
-    ext = cpp_kernel(gate_up)
+    ext = usable(ext, gate_up)
     if ext is None:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
     return ext.silu_mul(gate_up.contiguous())
 
 
-def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """The first index of each row's largest value, a NaN counting as largest: `logits.max(-1).indices`.
-
-    For 64 rows of 49152 (a greedy decode step of 64 sequences) PyTorch took 2.3-2.7 ms on a 2-core Zen 4, in
-    float32 and bfloat16, and this kernel 0.4-0.5 ms (1 row: 0.05-0.09 against 0.01-0.02 ms)."""
-    ext = cpp_kernel(logits)
+def argmax_rows(logits: torch.Tensor, ext=None) -> torch.Tensor:
+    """The first index of each row's largest value, a NaN counting as largest: `logits.max(-1).indices`."""
+    ext = usable(ext, logits)
     if ext is None or logits.dim() == 0 or logits.numel() == 0:
         return logits.max(-1).indices
     return ext.argmax_rows(logits.contiguous()).view(logits.shape[:-1])

@@ -1,0 +1,86 @@
+"""Speed for particular machines, kept apart from the reference engine: `LLM(accel=True)`.
+
+The reference engine (`course_lib.model`, `attention.paged`, `sampling`, `engine/`) is pure PyTorch and is what
+the chapters read. Everything here exists only to run the same numbers faster on a given machine:
+
+    plan.py            `plan_for(device, dtype)`: what this machine supports, decided once (`Plan`)
+    build.py           builds `csrc/` (C++: fused_ops, linear, attention, module) once per machine
+    fused_model.py     the fused twin of the model: q/k/v and gate/up as one matmul each, one-pass elementwise ops
+    fused_ops.py       RMSNorm, residual add, RoPE, SiLU*up and greedy argmax through the C++ kernels
+    linear.py          `PackedLinear`: a weight packed once for oneDNN, and as panels for the rows of a decode step
+    attention.py       `PagedAttention` with the C++ (CPU) or Triton (CUDA) kernel
+    triton_paged.py    the Triton decode-attention kernel
+    compiled_decode.py the decode step through `torch.compile` (`compile_decode=True`)
+
+`Accelerator.apply` is the one place a plan touches a model; the engine's model runner then asks the accelerator
+for its attention backend, argmax and compiled step. `python -m course_lib.accel` prints the plan for this
+machine; `python -m course_lib.accel build` builds the kernels ahead of time.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from ..model import Transformer
+from ..sampling import argmax_rows
+from .plan import Plan, plan_for, reference_plan
+
+__all__ = ["Accelerator", "Plan", "plan_for", "reference_plan"]
+
+
+class Accelerator:
+    """A `Plan` applied to one model, and what the engine's model runner takes from it."""
+
+    def __init__(self, plan: Plan):
+        from .build import build
+
+        self.plan = plan
+        self.ops = build().module if plan.needs_kernels else None  # built already by plan_for: no build here
+        if plan.needs_kernels and self.ops is None:
+            raise RuntimeError(f"this plan needs the C++ kernels, which did not build: {build().problem}")
+
+    @classmethod
+    def apply(cls, model: Transformer, plan: Plan, quantization: str | None = None,
+              group_size: int = 32) -> "Accelerator":
+        """Change `model` in place as `plan` says: fuse its blocks, then quantize (so the fused matmuls are
+        quantized whole), then pack its remaining linear layers. Returns the accelerator."""
+        from ..quant import quantize_model
+        from .fused_model import fuse_model
+        from .linear import pack_linears
+
+        accel = cls(plan)
+        if plan.fused_blocks:
+            fuse_model(model, accel.ops if plan.fused_ops else None)
+        if quantization is not None:
+            quantize_model(model, quantization, group_size=group_size)
+        if plan.packed_linears and model.device.type == "cpu":
+            pack_linears(model, accel.ops, plan.panel_rows, for_graph=plan.compile_decode)
+        return accel
+
+    def attention(self, kv_cache: PagedKVCache, metadata: PagedAttentionMetadata) -> PagedAttention:
+        """The attention backend of one engine step."""
+        from .attention import CppPagedAttention, TritonPagedAttention
+
+        if self.plan.attention == "cpp":
+            return CppPagedAttention(kv_cache, metadata, self.ops)
+        if self.plan.attention == "triton":
+            return TritonPagedAttention(kv_cache, metadata)
+        return PagedAttention(kv_cache, metadata)
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy sampling's argmax of each row."""
+        if not self.plan.argmax:
+            return argmax_rows(logits)
+        from .fused_ops import argmax_rows as kernel_argmax
+
+        return kernel_argmax(logits, self.ops)
+
+    def decode_step(self, model: Transformer, kv_cache: PagedKVCache):
+        """The compiled decode step, compiled now (minutes on a CPU), or None without `compile_decode`."""
+        if not self.plan.compile_decode:
+            return None
+        from .compiled_decode import CompiledDecodeStep
+
+        step = CompiledDecodeStep(model, kv_cache, use_cpp=self.plan.attention == "cpp")
+        step.warmup()
+        return step

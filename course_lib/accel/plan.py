@@ -1,0 +1,163 @@
+"""What `LLM(accel=True)` runs on this machine: decided once, in one small object (`plan_for`), printed by
+`python -m course_lib.accel`.
+
+Every choice follows from what this machine has (the device, oneDNN's kernels for the dtype) and what the C++
+build gave (`build.py`); none from a CPU's maker or name. The one number that differs from machine to machine,
+how many rows the panels serve better than oneDNN, is measured here once per machine and dtype
+(`measure_panel_rows`) and kept beside the build.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..chapter import processor_name
+from ..dtypes import dtype_name, onednn_has_kernels, resolve_device_dtype, resolve_dtype
+
+PANEL_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # the row counts `measure_panel_rows` tries, in order
+LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in): the default model's fused layer
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The kernels `accel` applies. Each field can be turned off on its own (`dataclasses.replace`), which is
+    how `benchmarks/accel_ablation.py` measures what each one gains."""
+
+    device: str
+    dtype: torch.dtype
+    fused_blocks: bool = True  # q/k/v one matmul, gate/up one matmul (`fused_model.py`)
+    fused_ops: bool = False  # RMSNorm, residual add, RoPE, SiLU*up in one C++ pass each (eager CPU steps)
+    packed_linears: bool = False  # every plain linear layer's weight packed once by oneDNN (CPU)
+    panel_rows: int = 0  # and steps of 1 to panel_rows rows through panels (C++)
+    attention: str = "torch"  # "cpp": every query row through the C++ kernel; "triton": decode rows (CUDA)
+    argmax: bool = False  # greedy sampling's argmax through a C++ kernel
+    compile_decode: bool = False  # decode steps through one torch.compile'd graph (`compiled_decode.py`)
+    problems: tuple[str, ...] = field(default=(), compare=False)  # what could not be built or used, and why
+
+    @property
+    def needs_kernels(self) -> bool:
+        """Whether the plan calls the C++ extension (which `plan_for` has built by then)."""
+        return self.fused_ops or self.panel_rows > 0 or self.attention == "cpp" or self.argmax
+
+    def describe(self) -> str:
+        """The plan as a table: which kernel serves which part of the model, for which row counts."""
+        dtype = dtype_name(self.dtype)
+        if self.packed_linears and self.panel_rows:
+            linear = (f"1-{self.panel_rows} rows: C++ panels (the rows where they beat oneDNN, measured here); "
+                      f"more: oneDNN packed weights ({dtype})")
+        elif self.packed_linears:
+            linear = f"oneDNN packed weights, any rows ({dtype})"
+        else:
+            linear = "F.linear (PyTorch)"
+        attention = {"cpp": "C++ paged kernel: decode and prompt tokens, one call a layer",
+                     "triton": "Triton paged kernel for decode rows; prompts through SDPA",
+                     "torch": "PyTorch (gather + SDPA), as the reference"}[self.attention]
+        rows = [
+            ("machine", f"{processor_name(torch.device(self.device))} ({platform.machine()}, "
+                        f"{torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads, "
+                        f"torch {torch.__version__}, {self.device} {dtype}"),
+            ("q/k/v, gate/up", "one matmul each (fused blocks)" if self.fused_blocks else "separate (reference)"),
+            ("linear layers", linear + ("; quantized layers keep their own kernels" if self.packed_linears else "")),
+            ("RMSNorm, RoPE, SiLU", "C++, one pass each (eager steps)" if self.fused_ops else "PyTorch"),
+            ("attention", attention),
+            ("greedy argmax", "C++ kernel" if self.argmax else "PyTorch"),
+            ("decode step", "torch.compile'd graph (compile_decode=True)" if self.compile_decode else "eager"),
+        ]
+        rows += [("not used", problem) for problem in self.problems]
+        return "\n".join(f"  {name:<20} {what}" for name, what in rows)
+
+
+def reference_plan(device: torch.device | str, dtype: torch.dtype | str, compile_decode: bool = False) -> Plan:
+    """No kernel at all: the reference model, optionally through `torch.compile` (`LLM(compile_decode=True)`)."""
+    return Plan(str(torch.device(device).type), resolve_dtype(dtype), fused_blocks=False, compile_decode=compile_decode)
+
+
+def plan_for(device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
+             compile_decode: bool = False) -> Plan:
+    """What this machine supports for a model on `device` in `dtype`. On the CPU this builds the C++ kernels
+    first if the cache lacks them (once per machine, a minute or two); a failed build warns once and leaves
+    them out."""
+    from .build import build
+
+    device, dtype = resolve_device_dtype(device, dtype)
+    problems = []
+    if device.type == "cuda":
+        triton = importlib.util.find_spec("triton") is not None
+        if not triton:
+            problems.append("Triton is not installed: decode attention stays in PyTorch")
+        return Plan("cuda", dtype, attention="triton" if triton else "torch", compile_decode=compile_decode,
+                    problems=tuple(problems))
+    built = build()
+    ops = built.module
+    if ops is None:
+        problems.append(f"C++ kernels: {built.problem}")
+    packed = torch.backends.mkldnn.is_available() and (dtype == torch.float32 or onednn_has_kernels(dtype))
+    if not packed:
+        problems.append(f"oneDNN packed weights: this CPU's oneDNN has no {dtype_name(dtype)} kernels")
+    if packed and compile_decode and ops is None:
+        packed = False  # a compiled graph reaches a packed weight only through the extension's operator
+        problems.append("oneDNN packed weights in a compiled graph: need the C++ kernels")
+    width = ops.panel_width.get(dtype_name(dtype), 0) if ops is not None else 0
+    if ops is not None and packed and not width:
+        problems.append(f"panels for {dtype_name(dtype)}: none on this CPU (bfloat16 needs AVX512-BF16)")
+    rows = panel_rows(ops, dtype) if packed and width else 0
+    if packed and width and not rows:
+        problems.append(f"panels for {dtype_name(dtype)}: oneDNN was as fast at one row, measured here")
+    return Plan("cpu", dtype, fused_ops=ops is not None, packed_linears=packed,
+                panel_rows=rows, attention="cpp" if ops is not None else "torch",
+                argmax=ops is not None, compile_decode=compile_decode, problems=tuple(problems))
+
+
+def panel_rows(ops, dtype: torch.dtype) -> int:
+    """Up to how many rows the panels beat oneDNN here: measured once per machine and dtype, then read back."""
+    from .build import build_directory
+
+    path = build_directory() / "panel_rows.json"
+    key = f"{dtype_name(dtype)}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        known[key] = measure_panel_rows(ops, dtype)
+        path.write_text(json.dumps(known, indent=1))
+    return known[key]
+
+
+@torch.inference_mode()
+def measure_panel_rows(ops, dtype: torch.dtype, megabytes: int = 256, rounds: int = 3) -> int:
+    """The largest row count of `PANEL_ROWS` up to which the panels multiply layers of the default model's shapes
+    (`megabytes` of weights, more than a core's caches hold, as in a decode step) at least 1.1x as fast as oneDNN's
+    packed weights, the two taking turns; 0 if not at one row. A few seconds."""
+    from .linear import PackedLinear
+
+    per_layer = sum(n * k for n, k in LAYER_SHAPES) * torch.tensor([], dtype=dtype).element_size()
+    shapes = LAYER_SHAPES * max(1, megabytes * 2**20 // per_layer)
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(n, k, generator=generator).to(dtype) for n, k in shapes]
+    packed, panels = [], [ops.pack_panels(w) for w in weights]
+    for w in weights:
+        linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=dtype)
+        linear.weight.data = w
+        packed.append(PackedLinear(linear))
+    best = 0
+    for rows in PANEL_ROWS:
+        xs = {k: torch.randn(rows, k, generator=generator).to(dtype) for _, k in shapes}
+        times = {"onednn": [], "panels": []}
+        for r in range(rounds + 1):  # a warm-up round, then the two take turns
+            for name in times:
+                t = time.perf_counter()
+                for i, (_, k) in enumerate(shapes):
+                    packed[i](xs[k]) if name == "onednn" else ops.by_panels(xs[k], panels[i])
+                if r:
+                    times[name].append(time.perf_counter() - t)
+        if statistics.median(times["onednn"]) < 1.1 * statistics.median(times["panels"]):
+            break
+        best = rows
+    return best
