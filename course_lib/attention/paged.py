@@ -194,7 +194,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache
 
 def gather_blocks(cache_layer: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """The blocks `table` [rows, blocks] names, each row's laid end to end: [rows, blocks * block_size, kv_heads,
-    head_dim]. One `index_select` of whole blocks (2-4x faster on the CPU than indexing the 4-d cache)."""
+    head_dim]. One `index_select` of whole blocks, cheaper than indexing the 4-d cache."""
     num_blocks, block_size, kv_heads, head_dim = cache_layer.shape
     rows = cache_layer.view(num_blocks, -1).index_select(0, table.flatten())  # [rows * blocks, block elements]
     return rows.view(table.shape[0], table.shape[1] * block_size, kv_heads, head_dim)

@@ -54,7 +54,7 @@ class LLM:
     `course_lib.accel`'s plan for this machine (fused blocks; on the CPU oneDNN packed weights and C++ kernels,
     built here once per machine; Triton attention on CUDA): the same tokens, faster. `python -m course_lib.accel`
     prints the plan. `compile_decode=True` also compiles the decode step with `torch.compile` when the engine
-    starts (1-7 minutes on a 2-core CPU, in `llm.engine.stats.compile_seconds`; vLLM compiles by default and
+    starts (minutes on a small CPU, in `llm.engine.stats.compile_seconds`; vLLM compiles by default and
     turns it off with `enforce_eager=True`): for benchmarks and serving.
 
     Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free

@@ -8,21 +8,17 @@ Backends, chosen once per layer when it is built (`backend="auto"` picks by the 
   "torch"   the reference, any device: dequantize, then `F.linear` in x's dtype. INT8 keeps its
             per-row scale out of the matmul: y = F.linear(x, codes) * scale.
   "cpu"     PyTorch's packed weight-only CPU kernels: `torch._weight_int8pack_mm` (INT8) and
-            `torch._weight_int4pack_mm_for_cpu` (INT4). Measured with torch 2.13 on an AVX-512
-            CPU, 2 threads, a 1536x576 layer, one token: ~25 us with bfloat16 activations, against
-            ~70 us for a float32 nn.Linear and 1-6 ms for dequantize-then-matmul. With float32
-            activations the same ops take a slow path (360-800 us for one token, ~180 ms for 256),
-            so this backend computes in bfloat16: x is cast to bf16 and y back to x's dtype
-            (an error of about 2^-9 relative on top of the quantization error). INT4 weights are
-            kept in the op's own packed layout (`torch._convert_weight_to_int4pack_for_cpu`,
-            which depends on the CPU's vector width) *instead of* the portable one, so memory
-            is not doubled; `dequantize` reads it back exactly (see `_cpu_int4_codes`). Both ops are
-            built for a few rows: with many (a batch's decode step, a long prefill) the work is
-            compute-bound, and they compute far below bfloat16 matmuls (300-700 GFLOP/s on AMX;
-            the INT4 op ~75). So from `INT8_DEQUANTIZE_ROWS` rows (INT8: the "torch" backend's
-            product in bfloat16, the codes cast and the scale applied after) or from
-            `INT4_DEQUANTIZE_ROWS` rows per input feature (INT4: its weight dequantized for the
-            step) the layer multiplies in bfloat16, where oneDNN has bfloat16 kernels.
+            `torch._weight_int4pack_mm_for_cpu` (INT4), several times faster than dequantize-then-matmul
+            for a decode step. They are fast only with bfloat16 activations, so this backend computes in
+            bfloat16: x is cast to bf16 and y back to x's dtype (an error of about 2^-9 relative on top
+            of the quantization error). INT4 weights are kept in the op's own packed layout
+            (`torch._convert_weight_to_int4pack_for_cpu`, which depends on the CPU's vector width)
+            *instead of* the portable one, so memory is not doubled; `dequantize` reads it back exactly
+            (see `_cpu_int4_codes`). Both ops are built for a few rows: with many (a batch's decode step,
+            a long prefill) the work is compute-bound and bfloat16 matmuls are faster. So from
+            `INT8_DEQUANTIZE_ROWS` rows (INT8: the codes cast to bfloat16, the scale applied after) or
+            from `INT4_DEQUANTIZE_ROWS` rows per input feature (INT4: its weight dequantized for the
+            step) the layer multiplies in bfloat16. Timings: benchmarks/RESULTS.md.
   "triton"  CUDA: `triton_kernels`, dequantizing inside the matmul, on the portable layout.
 """
 from __future__ import annotations
@@ -42,14 +38,11 @@ from .int8 import dequantize_int8, quantize_int8
 METHODS = ("int8", "int4")
 BACKENDS = ("torch", "cpu", "triton")
 CPU_INT4_GROUP_SIZES = (32, 64, 128, 256)  # what `_weight_int4pack_mm_for_cpu` accepts
-# Rows per (padded) input feature from which the "cpu" INT4 layer dequantizes, then multiplies in bfloat16.
-# Measured per layer (2-core Xeon with AMX, torch 2.13), op vs dequantize + matmul: 576 inputs 1.0-1.2x at
-# 1024 rows, 2.0-2.6x at 2048, 3.2-4.3x at 4096; 1536 inputs 0.97x at 2048, 2.2x at 4096; slower at 512.
+# Rows per (padded) input feature from which the "cpu" INT4 layer dequantizes, then multiplies in bfloat16:
+# where the matmul starts to beat the op (benchmarks/RESULTS.md, "INT4 and INT8 crossovers").
 INT4_DEQUANTIZE_ROWS = 2.5
 # Rows from which the "cpu" INT8 layer multiplies its codes cast to bfloat16 (cheap: no unpacking) instead of
-# calling the op. Measured as above, all 120 linear layers of the default model (weights from memory, as in a
-# decode step): 1.01x at 16 rows, 1.32x at 24, 1.62x at 32, 2.35x at 64; one layer alone: 0.5x at 8 rows,
-# 4.5-8.4x at 256-4096.
+# calling the op: where that starts to beat the op over a whole decode step (same section).
 INT8_DEQUANTIZE_ROWS = 24
 
 

@@ -36,9 +36,8 @@ class AsyncEngine:
 
         Why that matters on the CPU: PyTorch's OpenMP workers belong to the thread that first ran an
         op. Stepping from a second thread starts a second team, and with more threads than cores
-        libgomp stops spinning between ops: measured on 2 cores, a decode step took 48 ms from a
-        new thread against 36 ms from the thread that loaded the model. `python -m course_lib.serve`
-        therefore steps the engine in its main thread and runs uvicorn in another.
+        libgomp stops spinning between ops, so every step is slower (benchmarks/RESULTS.md).
+        `python -m course_lib.serve` therefore steps the engine in its main thread and runs uvicorn in another.
         """
         self.engine = engine
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
