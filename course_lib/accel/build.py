@@ -1,7 +1,8 @@
 """Builds the C++ kernels of `csrc/` into one extension, once per machine (`torch.utils.cpp_extension.load`).
 
-The build needs a C++ compiler with OpenMP and ninja; it takes a minute or two on 2 cores and PyTorch caches
-it (in TORCH_EXTENSIONS_DIR). `build()` never raises: where the build fails it warns once, naming what is
+The build needs a C++ compiler with OpenMP and ninja; it takes about a minute on a small CPU and PyTorch
+caches it (in TORCH_EXTENSIONS_DIR). The kernels include ATen's headers, not `torch/extension.h` (the whole C++
+frontend, which makes every file several times slower to compile); only `module.cpp` needs pybind11. `build()` never raises: where the build fails it warns once, naming what is
 missing, and returns None, and `accel` keeps the reference path for what needed the kernels.
 COURSE_LIB_NO_CPP=1 turns the kernels off.
 
@@ -80,7 +81,7 @@ def build() -> BuildResult:
 
         build_dir = build_directory()
         if not is_built():
-            print(f"course_lib.accel: building the C++ kernels in {build_dir} (once per machine, 1-2 minutes) ...",
+            print(f"course_lib.accel: building the C++ kernels in {build_dir} (once per machine, about a minute) ...",
                   file=sys.stderr, flush=True)
         with build_lock(build_dir):
             module = load(name=extension_name(), sources=[str(CSRC / s) for s in SOURCES],

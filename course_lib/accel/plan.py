@@ -81,7 +81,7 @@ def reference_plan(device: torch.device | str, dtype: torch.dtype | str, compile
 def plan_for(device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
              compile_decode: bool = False) -> Plan:
     """What this machine supports for a model on `device` in `dtype`. On the CPU this builds the C++ kernels
-    first if the cache lacks them (once per machine, a minute or two); a failed build warns once and leaves
+    first if the cache lacks them (once per machine, about a minute); a failed build warns once and leaves
     them out."""
     from .build import build
 

@@ -29,7 +29,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <type_traits>
 
@@ -270,9 +270,9 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
 // k_new, v_new [num_seqs, kv_heads, head_dim] (optional): one more token per sequence, not yet in the cache,
 // attended after the cached ones (the compiled decode step stores K/V after its graph). Any strides and
 // integer types: made contiguous and int32 here (no copy when they are; a compiled graph passes q as a view).
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_tables, torch::Tensor context_lens,
-                                     c10::optional<torch::Tensor> k_new, c10::optional<torch::Tensor> v_new) {
+at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                     at::Tensor block_tables, at::Tensor context_lens,
+                                     c10::optional<at::Tensor> k_new, c10::optional<at::Tensor> v_new) {
   q = q.contiguous(), k_cache = k_cache.contiguous(), v_cache = v_cache.contiguous();
   block_tables = block_tables.to(at::kInt).contiguous(), context_lens = context_lens.to(at::kInt).contiguous();
   if (k_new.has_value()) k_new = k_new->contiguous();
@@ -295,7 +295,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   for (int64_t i = 0; i < num_seqs; ++i)  // else the kernel would divide by a zero sum, or read past a table
     TORCH_CHECK(lens[i] >= least && lens[i] <= most, "context_lens[", i, "] = ", lens[i], ": each must be in [",
                 least, ", ", most, "] (at least one token to attend to; at most what its block table holds)");
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     auto run = [&](auto kernel) {
       kernel(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),

@@ -14,7 +14,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <climits>
 #include <cmath>
@@ -213,8 +213,8 @@ void argmax_rows_impl(const T* x, int64_t* out, int64_t rows, int64_t n) {
 
 }  // namespace
 
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
-  auto out = torch::empty_like(x);
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
+  auto out = at::empty_like(x);
   const int64_t dim = x.size(-1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
     rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), nullptr, weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
@@ -223,9 +223,9 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   return out;
 }
 
-std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor add, torch::Tensor weight, double eps) {
-  auto sum = torch::empty_like(x);
-  auto out = torch::empty_like(x);
+std::vector<at::Tensor> add_rms_norm(at::Tensor x, at::Tensor add, at::Tensor weight, double eps) {
+  auto sum = at::empty_like(x);
+  auto out = at::empty_like(x);
   const int64_t dim = x.size(-1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
     rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), add.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
@@ -235,7 +235,7 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor add, torc
   return {sum, out};
 }
 
-void rope_qk_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t rot_heads, int64_t head_dim) {
+void rope_qk_(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t rot_heads, int64_t head_dim) {
   const int64_t row_len = qkv.size(-1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_qk_", [&] {
     rope_rows<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
@@ -243,11 +243,11 @@ void rope_qk_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t r
   });
 }
 
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up) {
   const int64_t inter = gate_up.size(-1) / 2;
   auto sizes = gate_up.sizes().vec();
   sizes.back() = inter;
-  auto out = torch::empty(sizes, gate_up.options());
+  auto out = at::empty(sizes, gate_up.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
     silu_mul_rows<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), gate_up.numel() / (2 * inter),
                             inter);
@@ -255,9 +255,9 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   return out;
 }
 
-torch::Tensor argmax_rows(torch::Tensor x) {
+at::Tensor argmax_rows(at::Tensor x) {
   const int64_t n = x.size(-1);
-  auto out = torch::empty({x.numel() / n}, x.options().dtype(at::kLong));
+  auto out = at::empty({x.numel() / n}, x.options().dtype(at::kLong));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "argmax_rows", [&] {
     argmax_rows_impl<scalar_t>(x.data_ptr<scalar_t>(), out.data_ptr<int64_t>(), x.numel() / n, n);
   });

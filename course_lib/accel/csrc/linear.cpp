@@ -24,7 +24,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cpu/vec/vec.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <array>
 #include <cstring>
@@ -142,7 +142,7 @@ int64_t panel_width(at::ScalarType dtype) {
 }
 
 // w [n, k] -> panels: float32 [n/W, k, W]; bfloat16 [n/16, k/2, 16, 2]. n must be a multiple of the width.
-torch::Tensor pack_panels(const torch::Tensor& w) {
+at::Tensor pack_panels(const at::Tensor& w) {
   const int64_t width = panel_width(w.scalar_type());
   TORCH_CHECK(w.dim() == 2 && width > 0 && w.size(0) % width == 0, "pack_panels: a weight [n, k] of a dtype with ",
               "panels here, n a multiple of ", width);
@@ -153,7 +153,7 @@ torch::Tensor pack_panels(const torch::Tensor& w) {
 }
 
 // x [m, k] @ w^T [m, n] through the panels of w (pack_panels), at any m.
-torch::Tensor by_panels(const torch::Tensor& x_in, const torch::Tensor& panels) {
+at::Tensor by_panels(const at::Tensor& x_in, const at::Tensor& panels) {
   const bool f32 = panels.scalar_type() == at::kFloat;
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == panels.scalar_type() && panels.is_contiguous() &&
                   panel_width(panels.scalar_type()) > 0, "by_panels: x [m, k] of the panels' dtype");
@@ -162,7 +162,7 @@ torch::Tensor by_panels(const torch::Tensor& x_in, const torch::Tensor& panels) 
   TORCH_CHECK((f32 ? panels.size(1) : 2 * panels.size(1)) == K, "by_panels: x has ", K, " features, the panels ",
               f32 ? panels.size(1) : 2 * panels.size(1));
   const int64_t width = f32 ? kWidth : 16, N = NB * width, panel_elems = K * width;
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   if (f32) {
     const float *X = x.data_ptr<float>(), *W = panels.data_ptr<float>();
@@ -237,7 +237,7 @@ at::Tensor onednn_linear(const at::Tensor& x, int64_t handle, int64_t out_featur
 // x [m, in] bfloat16 @ (codes [out, in] int8 * scales [out])^T: PyTorch's weight-only op below many_rows rows,
 // else a bfloat16 matmul of the codes (the "torch" backend's formula, so the same bits as an eager step).
 // A branch on the rows inside torch.compile would need a graph for each side; here it costs nothing.
-torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scales,
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                           int64_t many_rows) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "int8_linear: bfloat16 x [m, in]");
   if (x.size(0) < many_rows) return at::_weight_int8pack_mm(x, codes, scales);

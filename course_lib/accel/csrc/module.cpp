@@ -2,30 +2,31 @@
 // from Python) and the operators compiled graphs call (TORCH_LIBRARY, so Inductor's C++ wrapper calls them
 // without going back to Python). The kernels are in fused_ops.cpp, linear.cpp and attention.cpp.
 
-#include <torch/extension.h>
+#include <torch/library.h>
+#include <torch/python.h>
 
 namespace course_lib {
 // fused_ops.cpp
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
-std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor add, torch::Tensor weight, double eps);
-void rope_qk_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t rot_heads, int64_t head_dim);
-torch::Tensor silu_mul(torch::Tensor gate_up);
-torch::Tensor argmax_rows(torch::Tensor x);
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
+std::vector<at::Tensor> add_rms_norm(at::Tensor x, at::Tensor add, at::Tensor weight, double eps);
+void rope_qk_(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t rot_heads, int64_t head_dim);
+at::Tensor silu_mul(at::Tensor gate_up);
+at::Tensor argmax_rows(at::Tensor x);
 // linear.cpp
 int64_t panel_width(at::ScalarType dtype);
-torch::Tensor pack_panels(const torch::Tensor& w);
-torch::Tensor by_panels(const torch::Tensor& x, const torch::Tensor& panels);
+at::Tensor pack_panels(const at::Tensor& w);
+at::Tensor by_panels(const at::Tensor& x, const at::Tensor& panels);
 int64_t keep(at::Tensor packed);
 void release(int64_t handle);
 int64_t kept();
 at::Tensor onednn_linear(const at::Tensor& x, int64_t handle, int64_t out_features,
                          const std::optional<at::Tensor>& panels, int64_t panel_rows);
-torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scales,
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                           int64_t many_rows);
 // attention.cpp
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_tables, torch::Tensor context_lens,
-                                     c10::optional<torch::Tensor> k_new, c10::optional<torch::Tensor> v_new);
+at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                     at::Tensor block_tables, at::Tensor context_lens,
+                                     c10::optional<at::Tensor> k_new, c10::optional<at::Tensor> v_new);
 }  // namespace course_lib
 
 TORCH_LIBRARY(course_lib, m) {
