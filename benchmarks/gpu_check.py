@@ -273,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(environment(device))
     tokenizer = load_tokenizer()
     if args.cpu:
-        work = Workload(decode_tokens=16, prompt_tokens=64, concurrency=(32, 128), uniform_output=8, repeats=1,
-                        ttft_repeats=1, output_kinds=("uniform",))
+        work = Workload(decode_tokens=8, prompt_tokens=32, concurrency=(4, 16), uniform_output=4, repeats=1,
+                        ttft_repeats=1, output_kinds=("uniform",))  # a rehearsal of the code, not a measurement
     else:
         work = Workload(decode_tokens=64, prompt_tokens=512, concurrency=(32, 128), uniform_output=128, repeats=3,
                         output_kinds=("uniform",))

@@ -36,8 +36,21 @@ def open_gguf(path: str | Path):
     """A `gguf.GGUFReader` over the file (memory-mapped; cached so repeated loads are cheap)."""
     import gguf
 
+    class Reader(gguf.GGUFReader):
+        """The reader slices its memory map once per value (some 250,000 times for a 49,152-token vocabulary),
+        and a slice of an `np.memmap` costs several times one of a plain array: so it reads through a plain
+        array over the same mapped memory (which keeps the map alive)."""
+
+        @property
+        def data(self):
+            return self._array
+
+        @data.setter
+        def data(self, mapped):
+            self._array = mapped.view(np.ndarray) if isinstance(mapped, np.memmap) else mapped
+
     try:
-        return gguf.GGUFReader(str(path))
+        return Reader(str(path))
     except Exception as e:  # bad magic, truncated file, ...
         raise ValueError(f"corrupt or unreadable GGUF file {path}: {type(e).__name__}: {e}") from e
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,9 +158,13 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: tor
     return model.eval().requires_grad_(False)
 
 
-def load_reference_model(dtype: torch.dtype | str = torch.float32, **kwargs):
+def load_reference_model(dtype: torch.dtype | str = torch.float32, cache: bool = True, **kwargs):
     """transformers' own reading of the default model's GGUF file: the reference the engine is checked against.
 
+    transformers takes 15-20 s to read a GGUF file (it parses the file twice and dequantizes in NumPy), so its
+    float32 result is saved once per machine with `save_pretrained` (`reference_cache_dir`, about 0.5 GB) and
+    later calls load that copy, which holds the very same tensors (tests/test_model.py checks it); a dtype is
+    then a cast of them, as it is on the GGUF path. `cache=False` reads the GGUF file every time.
     Its progress bars are off for this call only, so a saved notebook holds none: transformers'
     own ("Loading weights") through its switch, and its GGUF converter's, which has no switch.
     `kwargs` go to `from_pretrained`.
@@ -171,13 +176,58 @@ def load_reference_model(dtype: torch.dtype | str = torch.float32, **kwargs):
     from transformers.utils import logging as hf_logging
 
     path = default_gguf_path()
+    saved = reference_cache_dir(path) if cache else None
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        with mock.patch.object(gguf_utils, "tqdm", lambda items, **_: items):
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                         dtype=resolve_dtype(dtype), **kwargs)
+        if saved is not None and not (saved / "config.json").is_file():
+            with mock.patch.object(gguf_utils, "tqdm", lambda items, **_: items):
+                fresh = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                             dtype=torch.float32)
+            _save_atomically(fresh, saved)
+        if saved is not None:
+            model = AutoModelForCausalLM.from_pretrained(str(saved), dtype=resolve_dtype(dtype), **kwargs)
+        else:
+            with mock.patch.object(gguf_utils, "tqdm", lambda items, **_: items):
+                model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                             dtype=resolve_dtype(dtype), **kwargs)
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
     return model.eval()
+
+
+def reference_cache_dir(gguf_path: Path) -> Path:
+    """Where `load_reference_model` keeps transformers' reading of `gguf_path`: under COURSE_LIB_CACHE
+    (default ~/.cache/course_lib), named by the file's size and time and by the transformers version."""
+    import transformers
+
+    stat = gguf_path.stat()
+    root = Path(os.environ.get("COURSE_LIB_CACHE") or Path.home() / ".cache" / "course_lib")
+    return root / "reference" / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-transformers-{transformers.__version__}"
+
+
+def _save_atomically(model, target: Path) -> None:
+    """Save the model's tensors, config and generation config into a temporary folder beside `target`, then rename
+    it, so a reader never sees half a save. (transformers' `save_pretrained` refuses a model read from GGUF.)"""
+    import copy
+    import shutil
+    import tempfile
+
+    from safetensors.torch import save_model
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".saving-"))
+    try:
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):  # the GGUF "quantization" is undone: these are float32 tensors
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))
+        os.replace(tmp, target)
+    except OSError:
+        if not (target / "config.json").is_file():  # not a second process that saved it first
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

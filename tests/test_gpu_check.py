@@ -33,13 +33,14 @@ def test_cpu_rehearsal_writes_every_check_and_figure(tmp_path):
     assert sum(c["section"] == "triton" for c in report["checks"]) == 4
     assert all(c["passed"] for c in report["checks"])
     figures = {(r["shape"], r["system"], r["metric"]) for r in report["speed"]}
+    low, high = report["workload"]["concurrency"]
     for shape in gpu_check.SHAPES:
         for system in ("engine", "transformers"):
-            for metric in ("decode_tok_s", "throughput_32_uniform", "throughput_128_uniform"):
+            for metric in ("decode_tok_s", f"throughput_{low}_uniform", f"throughput_{high}_uniform"):
                 assert (shape, system, metric) in figures
     assert all(r["value"] > 0 for r in report["speed"])
     assert "not built" in report["cuda_graphs"]
-    assert "128 requests / transformers batch-1" in proc.stdout
+    assert f"{high} requests / transformers batch-1" in proc.stdout
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -33,6 +33,22 @@ def test_default_model_greedy_tokens_match_transformers(llm, hf_model, tokenizer
     assert len(out.outputs[0].token_ids) == 32
 
 
+def test_the_saved_reference_is_transformers_reading_of_the_gguf_file(hf_model):
+    """load_reference_model keeps transformers' float32 reading of the GGUF file once per machine: the copy it
+    loads must hold the very same tensors, config and generation settings as a fresh reading."""
+    from course_lib.loading import default_gguf_path, load_reference_model, reference_cache_dir
+
+    assert (reference_cache_dir(default_gguf_path()) / "model.safetensors").is_file()
+    fresh = load_reference_model(torch.float32, cache=False)
+    saved, read = hf_model.state_dict(), fresh.state_dict()
+    assert saved.keys() == read.keys() and all(torch.equal(saved[k], read[k]) for k in saved)
+    assert hf_model.lm_head.weight.data_ptr() == hf_model.model.embed_tokens.weight.data_ptr()  # still tied
+    config = fresh.config.to_diff_dict()
+    config.pop("quantization_config")  # how the GGUF file was read; the saved copy is plain float32
+    assert hf_model.config.to_diff_dict() == config
+    assert hf_model.generation_config == fresh.generation_config
+
+
 @pytest.mark.parametrize("fixture", ["llama3_dir", "qwen2_dir"])
 def test_random_models_match_transformers(fixture, request):
     path, hf = request.getfixturevalue(fixture)
