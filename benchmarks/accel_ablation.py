@@ -33,7 +33,6 @@ ABLATIONS: dict[str, dict] = {
     "fused_ops": dict(fused_ops=False),
     "panel_rows": dict(panel_rows=0),
     "attention": dict(attention="torch"),
-    "argmax": dict(argmax=False),
     "packed_linears": dict(packed_linears=False, panel_rows=0),  # the panels serve a packed layer's few rows
     "fused_blocks": dict(fused_blocks=False, fused_ops=False),  # the C++ elementwise ops are the fused blocks'
 }

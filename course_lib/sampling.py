@@ -148,12 +148,9 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Sampler:
-    """Picks one token per sequence from logits [num_seqs, vocab], each with its own params.
+    """Picks one token per sequence from logits [num_seqs, vocab], each with its own params."""
 
-    `argmax`: how an all-greedy batch takes each row's argmax (`course_lib.accel` passes a kernel)."""
-
-    def __init__(self, argmax=argmax_rows):
-        self.argmax = argmax
+    def __init__(self):
         self._generators: dict[str, torch.Generator] = {}
 
     def generator_for(self, request_id: str, params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -171,7 +168,7 @@ class Sampler:
                  request_ids: list[str]) -> list[int]:
         """logits [num_seqs, vocab]; histories: prompt + output ids of each sequence (for the penalty)."""
         if all(p.greedy and p.repetition_penalty == 1.0 for p in params):
-            return self.argmax(logits).tolist()  # a greedy batch: one argmax over all rows
+            return argmax_rows(logits).tolist()  # a greedy batch: one argmax over all rows
         tokens = []  # 0-d tensors; one .tolist() at the end is the only device sync
         for row, p, hist, rid in zip(logits, params, histories, request_ids):
             seen = None

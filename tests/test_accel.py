@@ -95,8 +95,8 @@ def accel_llm():
 @pytest.mark.needs_cpp
 def test_accel_greedy_equals_reference_and_uses_its_plan(llm, accel_llm):
     plan = accel_llm.accel.plan
-    assert plan == plan_for("cpu", torch.float32) and plan.fused_ops and plan.attention == "cpp" and plan.argmax
-    assert llm.accel is None and type(llm.engine.model_runner.sampler.argmax).__name__ == "function"
+    assert plan == plan_for("cpu", torch.float32) and plan.fused_ops and plan.attention == "cpp"
+    assert llm.accel is None
     want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
     assert [o.outputs[0].token_ids for o in accel_llm.generate(PROMPTS, GREEDY)] == want
 
@@ -124,7 +124,7 @@ def test_a_plan_is_applied_part_by_part(tokenizer, tiny):
     """Every part can be turned off on its own: the reference plan leaves the model as it was."""
     model = tiny().float()
     plan = dataclasses.replace(plan_for("cpu", torch.float32), fused_blocks=False, fused_ops=False, panel_rows=0,
-                               attention="torch", argmax=False, packed_linears=False)
+                               attention="torch", packed_linears=False)
     assert not plan.needs_kernels
     llm = LLM.from_model(model, tokenizer, accel=plan)
     assert type(llm.model.layers[0].self_attn).__name__ == "Attention" and llm.accel.ops is None

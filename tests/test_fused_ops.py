@@ -72,28 +72,6 @@ def test_silu_mul(ops, dtype):
     close(fused_ops.silu_mul(gate_up, ops), F.silu(gate) * up, dtype)
 
 
-@pytest.mark.needs_cpp
-@pytest.mark.parametrize("dtype", DTYPES + [torch.float16])
-def test_argmax_rows_is_max_indices(ops, dtype):
-    """Greedy sampling's argmax: the first of tied maxima, a NaN larger than any number, -inf rows, a maximum
-    in the last partial chunk, one column; the same index as PyTorch's in every row."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(12, 1000, generator=g).to(dtype)
-    x[1, [3, 700]] = 9  # tied: the first wins
-    x[2, [5, 999]] = float("nan")  # the first NaN wins
-    x[3, 999] = 50  # in the last chunk, which is shorter than the others
-    x[4] = float("-inf")
-    x[5] = 1  # all equal
-    x[6, 0] = 50  # the very first
-    x[7, 400:] = 7  # a run of ties that starts mid-chunk
-    assert x.dtype == dtype and fused_ops.usable(ops, x) is not None
-    for rows in (x, x[:, :1], x.view(3, 4, 1000), x[:, ::2]):  # one column, a batch dim, a strided view
-        got = fused_ops.argmax_rows(rows, ops)
-        assert got.dtype == torch.long and torch.equal(got, rows.max(-1).indices), rows.shape
-    numbers = x[[0, 1, 3, 4, 5, 6, 7]]  # no NaN: argmax's rule is the same
-    assert torch.equal(fused_ops.argmax_rows(numbers, ops), numbers.argmax(-1))
-
-
 def test_fallbacks_compute_the_same_expressions():
     """Without the kernels (ops=None: not built, or on a GPU), each op runs its PyTorch expression."""
     x = torch.randn(2, 5, 64)
@@ -111,5 +89,3 @@ def test_fallbacks_compute_the_same_expressions():
     heads = qkv.view(1, 5, 4, 8).clone()
     expected = torch.cat([apply_rope(heads[:, :, :3], cos, sin), heads[:, :, 3:]], dim=2)
     assert torch.equal(fused_ops.rope_qk_(qkv, cos, sin, 2, 1, 8).view(1, 5, 4, 8), expected)
-    logits = torch.randn(3, 50)
-    assert torch.equal(fused_ops.argmax_rows(logits), logits.argmax(-1))

@@ -6,14 +6,14 @@ the chapters read. Everything here exists only to run the same numbers faster on
     plan.py            `plan_for(device, dtype)`: what this machine supports, decided once (`Plan`)
     build.py           builds `csrc/` (C++: fused_ops, linear, attention, module) once per machine
     fused_model.py     the fused twin of the model: q/k/v and gate/up as one matmul each, one-pass elementwise ops
-    fused_ops.py       RMSNorm, residual add, RoPE, SiLU*up and greedy argmax through the C++ kernels
+    fused_ops.py       RMSNorm, residual add, RoPE and SiLU*up through the C++ kernels
     linear.py          `PackedLinear`: a weight packed once for oneDNN, and as panels for the rows of a decode step
     attention.py       `PagedAttention` with the C++ (CPU) or Triton (CUDA) kernel
     triton_paged.py    the Triton decode-attention kernel
     compiled_decode.py the decode step through `torch.compile` (`compile_decode=True`)
 
 `Accelerator.apply` is the one place a plan touches a model; the engine's model runner then asks the accelerator
-for its attention backend, argmax and compiled step. `python -m course_lib.accel` prints the plan for this
+for its attention backend and compiled step. `python -m course_lib.accel` prints the plan for this
 machine; `python -m course_lib.accel build` builds the kernels ahead of time.
 """
 from __future__ import annotations
@@ -22,7 +22,6 @@ import torch
 
 from ..attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
 from ..model import Transformer
-from ..sampling import argmax_rows
 from .plan import Plan, plan_for, reference_plan
 
 __all__ = ["Accelerator", "Plan", "plan_for", "reference_plan"]
@@ -66,14 +65,6 @@ class Accelerator:
         if self.plan.attention == "triton":
             return TritonPagedAttention(kv_cache, metadata)
         return PagedAttention(kv_cache, metadata)
-
-    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        """Greedy sampling's argmax of each row."""
-        if not self.plan.argmax:
-            return argmax_rows(logits)
-        from .fused_ops import argmax_rows as kernel_argmax
-
-        return kernel_argmax(logits, self.ops)
 
     def decode_step(self, model: Transformer, kv_cache: PagedKVCache):
         """The compiled decode step, compiled now (minutes on a CPU), or None without `compile_decode`."""

@@ -4,7 +4,6 @@
     add_rms_norm(x, y, w, eps)      == (x + y, rms_norm(x + y, w, eps))              residual add + next norm
     rope_qk_(qkv, cos, sin, ...)    == apply_rope on the q and k heads, in place     (`model.apply_rope`)
     silu_mul(gate_up)               == F.silu(gate) * up                             (SwiGLU's middle)
-    argmax_rows(logits)             == logits.max(-1).indices                        (greedy sampling)
 
 Eager PyTorch runs each of these as 5-8 kernels over a few thousand numbers, each a parallel region with its own
 start-up cost. Each function takes `ext`, the built extension (or None), and uses it for CPU tensors of
@@ -72,11 +71,3 @@ def silu_mul(gate_up: torch.Tensor, ext=None) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
     return ext.silu_mul(gate_up.contiguous())
-
-
-def argmax_rows(logits: torch.Tensor, ext=None) -> torch.Tensor:
-    """The first index of each row's largest value, a NaN counting as largest: `logits.max(-1).indices`."""
-    ext = usable(ext, logits)
-    if ext is None or logits.dim() == 0 or logits.numel() == 0:
-        return logits.max(-1).indices
-    return ext.argmax_rows(logits.contiguous()).view(logits.shape[:-1])

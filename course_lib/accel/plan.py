@@ -36,14 +36,13 @@ class Plan:
     packed_linears: bool = False  # every plain linear layer's weight packed once by oneDNN (CPU)
     panel_rows: int = 0  # and steps of 1 to panel_rows rows through panels (C++)
     attention: str = "torch"  # "cpp": every query row through the C++ kernel; "triton": decode rows (CUDA)
-    argmax: bool = False  # greedy sampling's argmax through a C++ kernel
     compile_decode: bool = False  # decode steps through one torch.compile'd graph (`compiled_decode.py`)
     problems: tuple[str, ...] = field(default=(), compare=False)  # what could not be built or used, and why
 
     @property
     def needs_kernels(self) -> bool:
         """Whether the plan calls the C++ extension (which `plan_for` has built by then)."""
-        return self.fused_ops or self.panel_rows > 0 or self.attention == "cpp" or self.argmax
+        return self.fused_ops or self.panel_rows > 0 or self.attention == "cpp"
 
     def describe(self) -> str:
         """The plan as a table: which kernel serves which part of the model, for which row counts."""
@@ -66,7 +65,6 @@ class Plan:
             ("linear layers", linear + ("; quantized layers keep their own kernels" if self.packed_linears else "")),
             ("RMSNorm, RoPE, SiLU", "C++, one pass each (eager steps)" if self.fused_ops else "PyTorch"),
             ("attention", attention),
-            ("greedy argmax", "C++ kernel" if self.argmax else "PyTorch"),
             ("decode step", "torch.compile'd graph (compile_decode=True)" if self.compile_decode else "eager"),
         ]
         rows += [("not used", problem) for problem in self.problems]
@@ -111,7 +109,7 @@ def plan_for(device: torch.device | str | None = None, dtype: torch.dtype | str 
         problems.append(f"panels for {dtype_name(dtype)}: oneDNN was as fast at one row, measured here")
     return Plan("cpu", dtype, fused_ops=ops is not None, packed_linears=packed,
                 panel_rows=rows, attention="cpp" if ops is not None else "torch",
-                argmax=ops is not None, compile_decode=compile_decode, problems=tuple(problems))
+                compile_decode=compile_decode, problems=tuple(problems))
 
 
 def panel_rows(ops, dtype: torch.dtype) -> int:

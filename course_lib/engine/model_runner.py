@@ -19,15 +19,15 @@ from .scheduler import ScheduledBatch
 class ModelRunner:
     """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`.
 
-    `accel` (a `course_lib.accel.Accelerator`, or None for the reference engine) supplies the attention backend,
-    the greedy argmax and, with `compile_decode`, a compiled step for decode-only steps (compiled here, once).
+    `accel` (a `course_lib.accel.Accelerator`, or None for the reference engine) supplies the attention backend
+    and, with `compile_decode`, a compiled step for decode-only steps (compiled here, once).
     """
 
     def __init__(self, model: Transformer, kv_cache: PagedKVCache, accel=None):
         self.model = model
         self.kv_cache = kv_cache
         self.attention = PagedAttention if accel is None else accel.attention  # (kv_cache, metadata) -> backend
-        self.sampler = Sampler() if accel is None else Sampler(accel.argmax)
+        self.sampler = Sampler()
         self.compiled_decode = None if accel is None else accel.decode_step(model, kv_cache)
 
     @torch.inference_mode()

@@ -1,5 +1,4 @@
-// The elementwise steps of a decoder block, each in one pass over memory (CPU, float32/bfloat16/float16),
-// and greedy sampling's argmax over the vocabulary.
+// The elementwise steps of a decoder block, each in one pass over memory (CPU, float32/bfloat16/float16).
 //
 // Eager PyTorch runs `x * cos + rotate_half(x) * sin` as six kernels and an RMSNorm as eight, each a parallel
 // region over a few thousand numbers. Each function here is the same arithmetic in one loop, rounding where
@@ -16,7 +15,6 @@
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ATen.h>
 
-#include <climits>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -162,55 +160,6 @@ void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t inter) {
   });
 }
 
-// Greedy sampling's argmax of each row of logits: the first index of the largest value, a NaN counting as
-// larger than any number (PyTorch's `max(-1).indices`, which tracks an index per element). Each value becomes
-// an int32 key in the same order (`order_key`), so one vectorized integer pass finds the row's top key and a
-// second the first chunk of 64 that holds it. Integer, not float, compares: -ffast-math (this build) lets a
-// compiler drop isnan.
-inline int32_t order_key(uint32_t bits) {  // bits: a float32's
-  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;  // any NaN: above +inf
-  bits = bits == 0x80000000u ? 0u : bits;  // -0 == +0
-  const uint32_t negative = static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31);  // all ones if < 0
-  const int32_t key = static_cast<int32_t>(bits ^ (negative & 0x7fffffffu));  // a negative's magnitude reversed
-  return nan ? INT32_MAX : key;
-}
-
-template <typename T>
-inline uint32_t float_bits(T v) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) return static_cast<uint32_t>(v.x) << 16;  // bfloat16: the top half
-  const float f = static_cast<float>(v);
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-
-template <typename T>
-void argmax_rows_impl(const T* x, int64_t* out, int64_t rows, int64_t n) {
-  constexpr int64_t kChunk = 64;
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> keys(n);
-    int32_t* k = keys.data();
-    for (int64_t r = begin; r < end; ++r) {
-      const T* row = x + r * n;
-      int32_t top = INT32_MIN;
-#pragma omp simd reduction(max : top)
-      for (int64_t i = 0; i < n; ++i) {
-        k[i] = order_key(float_bits(row[i]));
-        top = k[i] > top ? k[i] : top;
-      }
-      int64_t c = 0;
-      for (; c + kChunk <= n; c += kChunk) {  // the first whole chunk that holds the top key, if one does
-        int hit = 0;
-#pragma omp simd reduction(| : hit)
-        for (int64_t i = 0; i < kChunk; ++i) hit |= k[c + i] == top;
-        if (hit) break;
-      }
-      while (k[c] != top) ++c;  // its first lane (or the first in the short tail)
-      out[r] = c;
-    }
-  });
-}
-
 }  // namespace
 
 at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
@@ -251,15 +200,6 @@ at::Tensor silu_mul(at::Tensor gate_up) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
     silu_mul_rows<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), gate_up.numel() / (2 * inter),
                             inter);
-  });
-  return out;
-}
-
-at::Tensor argmax_rows(at::Tensor x) {
-  const int64_t n = x.size(-1);
-  auto out = at::empty({x.numel() / n}, x.options().dtype(at::kLong));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "argmax_rows", [&] {
-    argmax_rows_impl<scalar_t>(x.data_ptr<scalar_t>(), out.data_ptr<int64_t>(), x.numel() / n, n);
   });
   return out;
 }

@@ -11,7 +11,6 @@ at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
 std::vector<at::Tensor> add_rms_norm(at::Tensor x, at::Tensor add, at::Tensor weight, double eps);
 void rope_qk_(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t rot_heads, int64_t head_dim);
 at::Tensor silu_mul(at::Tensor gate_up);
-at::Tensor argmax_rows(at::Tensor x);
 // linear.cpp
 int64_t panel_width(at::ScalarType dtype);
 at::Tensor pack_panels(const at::Tensor& w);
@@ -47,7 +46,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "(x + add, rms_norm(x + add)): residual add and norm, one pass");
   m.def("rope_qk_", &rope_qk_, "RoPE in place on the first rot_heads heads of packed qkv rows");
   m.def("silu_mul", &silu_mul, "silu(gate) * up from [.., 2 * inter] rows");
-  m.def("argmax_rows", &argmax_rows, "first index of each row's largest value (NaN largest)");
   m.attr("panel_width") = py::dict(py::arg("float32") = panel_width(at::kFloat),  // 0: no panel kernel
                                     py::arg("bfloat16") = panel_width(at::kBFloat16));
   m.def("pack_panels", &pack_panels, "a linear layer's weight [n, k] as panels");
