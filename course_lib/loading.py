@@ -161,10 +161,10 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: tor
 def load_reference_model(dtype: torch.dtype | str = torch.float32, cache: bool = True, **kwargs):
     """transformers' own reading of the default model's GGUF file: the reference the engine is checked against.
 
-    transformers takes 15-20 s to read a GGUF file (it parses the file twice and dequantizes in NumPy), so its
-    float32 result is saved once per machine with `save_pretrained` (`reference_cache_dir`, about 0.5 GB) and
-    later calls load that copy, which holds the very same tensors (tests/test_model.py checks it); a dtype is
-    then a cast of them, as it is on the GGUF path. `cache=False` reads the GGUF file every time.
+    transformers reads a GGUF file slowly (it parses the file twice and dequantizes in NumPy), so its float32
+    result is saved once per machine (`reference_cache_dir`, about 0.5 GB of safetensors) and every call loads
+    that copy, which holds the very same tensors (tests/test_model.py checks it); a dtype is then a cast of them,
+    as it is on the GGUF path. `cache=False` reads the GGUF file every time.
     Its progress bars are off for this call only, so a saved notebook holds none: transformers'
     own ("Loading weights") through its switch, and its GGUF converter's, which has no switch.
     `kwargs` go to `from_pretrained`.
@@ -181,16 +181,11 @@ def load_reference_model(dtype: torch.dtype | str = torch.float32, cache: bool =
     hf_logging.disable_progress_bar()
     try:
         if saved is not None and not (saved / "config.json").is_file():
-            with mock.patch.object(gguf_utils, "tqdm", lambda items, **_: items):
-                fresh = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                             dtype=torch.float32)
-            _save_atomically(fresh, saved)
-        if saved is not None:
-            model = AutoModelForCausalLM.from_pretrained(str(saved), dtype=resolve_dtype(dtype), **kwargs)
-        else:
-            with mock.patch.object(gguf_utils, "tqdm", lambda items, **_: items):
-                model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                             dtype=resolve_dtype(dtype), **kwargs)
+            _save_atomically(load_reference_model(torch.float32, cache=False), saved)
+        with mock.patch.object(gguf_utils, "tqdm", lambda items, **_: items):
+            source = dict(pretrained_model_name_or_path=str(saved)) if saved is not None else \
+                dict(pretrained_model_name_or_path=str(path.parent), gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(**source, dtype=resolve_dtype(dtype), **kwargs)
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()

@@ -2,8 +2,9 @@
 
 The build needs a C++ compiler with OpenMP and ninja; it takes about a minute on a small CPU and PyTorch
 caches it (in TORCH_EXTENSIONS_DIR). The kernels include ATen's headers, not `torch/extension.h` (the whole C++
-frontend, which makes every file several times slower to compile); only `module.cpp` needs pybind11. `build()` never raises: where the build fails it warns once, naming what is
-missing, and returns None, and `accel` keeps the reference path for what needed the kernels.
+frontend, several times slower to compile); only `module.cpp` needs pybind11. `build()` never raises: where
+the build fails it warns once, naming what is missing, and returns None, and `accel` keeps the reference path
+for what needed the kernels.
 COURSE_LIB_NO_CPP=1 turns the kernels off.
 
 PyTorch guards a build directory with a plain `lock` file: a process killed while holding it leaves it behind,

@@ -271,8 +271,8 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
 // attended after the cached ones (the compiled decode step stores K/V after its graph). Any strides and
 // integer types: made contiguous and int32 here (no copy when they are; a compiled graph passes q as a view).
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                                     at::Tensor block_tables, at::Tensor context_lens,
-                                     c10::optional<at::Tensor> k_new, c10::optional<at::Tensor> v_new) {
+                                  at::Tensor block_tables, at::Tensor context_lens,
+                                  c10::optional<at::Tensor> k_new, c10::optional<at::Tensor> v_new) {
   q = q.contiguous(), k_cache = k_cache.contiguous(), v_cache = v_cache.contiguous();
   block_tables = block_tables.to(at::kInt).contiguous(), context_lens = context_lens.to(at::kInt).contiguous();
   if (k_new.has_value()) k_new = k_new->contiguous();

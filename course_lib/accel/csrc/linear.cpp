@@ -238,7 +238,7 @@ at::Tensor onednn_linear(const at::Tensor& x, int64_t handle, int64_t out_featur
 // else a bfloat16 matmul of the codes (the "torch" backend's formula, so the same bits as an eager step).
 // A branch on the rows inside torch.compile would need a graph for each side; here it costs nothing.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                          int64_t many_rows) {
+                       int64_t many_rows) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "int8_linear: bfloat16 x [m, in]");
   if (x.size(0) < many_rows) return at::_weight_int8pack_mm(x, codes, scales);
   return at::linear(x, codes.to(x.scalar_type())) * scales.to(x.scalar_type());

@@ -21,11 +21,11 @@ int64_t kept();
 at::Tensor onednn_linear(const at::Tensor& x, int64_t handle, int64_t out_features,
                          const std::optional<at::Tensor>& panels, int64_t panel_rows);
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                          int64_t many_rows);
+                       int64_t many_rows);
 // attention.cpp
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                                     at::Tensor block_tables, at::Tensor context_lens,
-                                     c10::optional<at::Tensor> k_new, c10::optional<at::Tensor> v_new);
+                                  at::Tensor block_tables, at::Tensor context_lens,
+                                  c10::optional<at::Tensor> k_new, c10::optional<at::Tensor> v_new);
 }  // namespace course_lib
 
 TORCH_LIBRARY(course_lib, m) {
