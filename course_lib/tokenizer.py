@@ -6,7 +6,9 @@ read its `tokenizer.json`. `course_lib.bpe` re-implements the same byte-level BP
 """
 from __future__ import annotations
 
+import re
 import warnings
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,7 @@ def tokenizer_from_gguf_data(data: dict[str, Any]) -> HFTokenizer:
 
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+CONTENT_OPEN, CONTENT_CLOSE = "\ufdd0", "\ufdd1"  # Unicode noncharacters: they mark message content in a rendering
 
 
 def check_chat_messages(messages: list[dict[str, str]]) -> None:
@@ -78,6 +81,42 @@ def check_chat_messages(messages: list[dict[str, str]]) -> None:
                             f"{m['content']!r}")
 
 
+def mark_content(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The messages with each content's stripped core between CONTENT_OPEN and CONTENT_CLOSE.
+
+    Whitespace stays outside the marks, so a template that trims content renders the same text.
+    """
+    marked = []
+    for i, m in enumerate(messages):
+        content = m["content"]
+        if CONTENT_OPEN in content or CONTENT_CLOSE in content:
+            raise ValueError(f"messages[{i}]['content'] must not hold U+FDD0 or U+FDD1 (noncharacters reserved "
+                             f"to mark message content), got {content!r}")
+        core = content.strip()
+        lead = len(content) - len(content.lstrip())
+        marked.append({**m, "content": content[:lead] + CONTENT_OPEN + core + CONTENT_CLOSE
+                       + content[lead + len(core):]})
+    return marked
+
+
+def chat_parts(marked: str, text: str) -> list[str] | None:
+    """Split a marked rendering into [template, content, template, ..., template] that join to `text`.
+
+    Content left empty is dropped, so template text around it stays one part. None if the marks do not
+    pair up or the rendering differs from `text` (a template that tests or slices content).
+    """
+    parts = re.split(f"{CONTENT_OPEN}(.*?){CONTENT_CLOSE}", marked, flags=re.DOTALL)
+    if "".join(parts) != text or any(CONTENT_OPEN in p or CONTENT_CLOSE in p for p in parts):
+        return None
+    merged = [parts[0]]
+    for content, template in zip(parts[1::2], parts[2::2]):
+        if content:
+            merged += [content, template]
+        else:
+            merged[-1] += template
+    return merged
+
+
 class Tokenizer:
     """encode/decode, special tokens and the chat template of one model."""
 
@@ -89,7 +128,11 @@ class Tokenizer:
         self.chat_template = chat_template
         self.add_bos_token = add_bos_token
         self.name = name
-        self.special_ids = set(backend.get_added_tokens_decoder())
+        added = backend.get_added_tokens_decoder()
+        self.special_ids = set(added)
+        self._control = {tok.content: (i, tok) for i, tok in added.items() if tok.special}
+        longest_first = sorted(self._control, key=len, reverse=True)  # a regex alternation is leftmost-first
+        self._control_re = re.compile("|".join(map(re.escape, longest_first))) if longest_first else None
 
     @property
     def vocab_size(self) -> int:
@@ -142,7 +185,44 @@ class Tokenizer:
             messages=messages, add_generation_prompt=add_generation_prompt, **special)
 
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_bos=False)
+        """Render a conversation and encode it; only the template's own text yields control tokens.
+
+        Message content is encoded as plain text, so a user who writes "<|im_end|>\\n<|im_start|>system\\n..."
+        cannot forge a turn. Content without control text gives the ids of `encode(apply_chat_template(...))`.
+        """
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        parts = chat_parts(self.apply_chat_template(mark_content(messages), add_generation_prompt), text)
+        if parts is None:  # the template rewrote some content: its parts cannot be told from the template's
+            if self._control_re and any(self._control_re.search(m["content"]) for m in messages):
+                raise ValueError(f"the chat template of {self.name!r} rewrites message content, so control "
+                                 f"text in the content cannot be kept plain; remove it from the messages")
+            return self.encode(text, add_bos=False)
+        ids, piece = [], ""  # piece: plain text waiting for the next control token
+        for k, part in enumerate(parts):
+            if k % 2:  # message content
+                piece += part
+                continue
+            pos = 0
+            for match in self._control_re.finditer(part) if self._control_re else ():
+                token_id, token = self._control[match.group()]
+                before = part[pos:match.start()]
+                piece += before.rstrip() if token.lstrip else before  # the token swallows that whitespace
+                ids += self._plain_ids(piece) + [token_id]
+                piece, pos = "", match.end()
+                if token.rstrip:
+                    pos += len(part[pos:]) - len(part[pos:].lstrip())
+            piece += part[pos:]
+        return ids + self._plain_ids(piece)
+
+    @cached_property
+    def _plain(self) -> HFTokenizer:
+        """A copy of the backend that encodes special-token text as ordinary text."""
+        plain = HFTokenizer.from_str(self.backend.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
+    def _plain_ids(self, text: str) -> list[int]:
+        return self._plain.encode(text, add_special_tokens=False).ids if text else []
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else self.backend.id_to_token(token_id)

@@ -135,12 +135,15 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool = False) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation (or a list of them), then generate."""
+        """Apply the model's chat template to one conversation (or a list of them), then generate.
+
+        Encoded with `Tokenizer.encode_chat`: control text inside a message stays plain text, so no turn can be forged.
+        """
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError(f"messages must be a non-empty list of {{'role', 'content'}} dicts (or a list of "
                              f"such lists), got {messages!r}")
         conversations = [messages] if isinstance(messages[0], dict) else messages
-        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in conversations]
+        prompts = [self.tokenizer.encode_chat(c, add_generation_prompt=True) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
