@@ -107,3 +107,55 @@ def test_greedy_batch_takes_the_first_of_tied_maxima(dtype):
     assert got == logits.argmax(-1).tolist() and got[3] == 7
     mixed = greedy[:7] + [SamplingParams(temperature=0, repetition_penalty=1.0 + 1e-9)]  # per-row path
     assert Sampler()(logits, mixed, [[]] * 8, [f"r{i}" for i in range(8)]) == got
+
+
+# ---- stop strings while streaming: hold back only what may still start a stop string ----------------------------
+SENTENCE = "The KV cache stores keys and values for every layer, so the next token only needs the new query."
+
+
+def stream_sequence(tokenizer, text: str, stop: list[str]):
+    """Feed `text`'s tokens to a Sequence one at a time; return its deltas (one per token) and the Sequence."""
+    from course_lib.engine.sequence import Sequence
+
+    seq = Sequence("r", [1], SamplingParams(max_tokens=1000, stop=stop, ignore_eos=True), tokenizer)
+    deltas = []
+    for token_id in tokenizer.encode(text):
+        seq.append_token(token_id)
+        deltas.append(seq.take_delta())
+        if seq.is_finished:
+            break
+    return deltas, seq
+
+
+def test_a_long_stop_string_still_streams_token_by_token(tokenizer):
+    for stop in ("Q" * 5000, " the new" + "!" * 4992):  # never matches; the second matches 8 characters first
+        deltas, seq = stream_sequence(tokenizer, SENTENCE, [stop])
+        assert "".join(deltas) + seq.take_delta() == seq.text == SENTENCE
+        assert sum(map(bool, deltas)) >= len(deltas) - 3
+
+
+def test_a_stop_string_split_across_tokens_cuts_exactly_and_never_leaks(tokenizer):
+    stop = "ores keys a"  # starts inside " stores", ends inside " and"
+    deltas, seq = stream_sequence(tokenizer, SENTENCE, ["zzz", stop])
+    assert seq.finish_reason == "stop" and seq.stop_reason == stop
+    assert seq.text == "".join(deltas) == "The KV cache st"
+    deltas, seq = stream_sequence(tokenizer, SENTENCE, ["keys and vectors"])  # held back, then let go
+    assert "".join(deltas) + seq.take_delta() == SENTENCE and "" in deltas
+
+
+@pytest.mark.parametrize("stop", [["."], ["the"], [" the next", ","], ["layer", "cache"], ["s k"]])
+def test_ordinary_stop_strings_cut_as_a_full_search_after_each_token_does(tokenizer, stop):
+    ids = tokenizer.encode(SENTENCE)
+    texts = (tokenizer.decode(ids[:n]) for n in range(1, len(ids) + 1))
+    want = next((text[:text.index(s)], s) for text in texts for s in stop if s in text)
+    deltas, seq = stream_sequence(tokenizer, SENTENCE, stop)
+    assert (seq.text, seq.stop_reason) == want and "".join(deltas) == seq.text
+
+
+def test_llm_stream_with_a_long_stop_string(llm):
+    p = SamplingParams(max_tokens=20, temperature=0, stop=["Q" * 5000], ignore_eos=True)
+    deltas = list(llm.stream("The KV cache is", p))
+    assert len(deltas) >= 10 and "".join(deltas) == llm.generate("The KV cache is", p)[0].outputs[0].text
+
+
+# ---- logit_bias -------------------------------------------------------------------------------------------------

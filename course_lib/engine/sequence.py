@@ -72,7 +72,6 @@ class Sequence:
         self._eos = set() if params.ignore_eos else set(tokenizer.eos_token_ids)
         self._stop_ids = set(params.stop_token_ids)
         self._detok = StreamingDetokenizer(tokenizer, skip_special_tokens=params.skip_special_tokens)
-        self._holdback = max((len(s) for s in params.stop), default=1) - 1  # chars a stop string may still claim
         self.text = ""  # output text, cut before a stop string
         self._emitted = 0  # characters of `text` already handed out as deltas
 
@@ -106,9 +105,10 @@ class Sequence:
         if token_id in self._eos or token_id in self._stop_ids:
             self._finish("stop", token_id)
             return
+        old_len = len(self.text)
         self.text += self._detok.add(token_id)
-        for stop in self.params.stop:  # earlier text held no stop string, so any match is new
-            at = self.text.find(stop)
+        for stop in self.params.stop if len(self.text) > old_len else ():
+            at = self.text.find(stop, max(0, old_len - len(stop) + 1))  # earlier text held no stop string
             if at != -1:
                 self.text = self.text[:at]
                 self._finish("stop", stop)
@@ -128,10 +128,26 @@ class Sequence:
 
     def take_delta(self) -> str:
         """New text since the last call; holds back a tail that could still become a stop string."""
-        end = len(self.text) if self.is_finished else max(self._emitted, len(self.text) - self._holdback)
+        end = len(self.text) if self.is_finished else len(self.text) - self._stop_prefix_len()
         delta = self.text[self._emitted:end]
         self._emitted = end
         return delta
+
+    def _stop_prefix_len(self) -> int:
+        """Length of the longest unsent tail of `text` that some stop string begins with (0 if none).
+
+        Per stop string, only starts within the last len(stop) - 1 characters that hold its first character
+        are tried, longest tail first, so a long stop string costs little per token.
+        """
+        text, longest = self.text, 0
+        for stop in self.params.stop:
+            at = text.find(stop[0], max(self._emitted, len(text) - len(stop) + 1))
+            while at != -1 and len(text) - at > longest:
+                if stop.startswith(text[at:]):
+                    longest = len(text) - at
+                    break
+                at = text.find(stop[0], at + 1)
+        return longest
 
     def output(self, delta: str = "") -> RequestOutput:
         completion = CompletionOutput(0, self.text, list(self.output_token_ids), self.finish_reason, self.stop_reason)
