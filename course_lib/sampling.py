@@ -1,12 +1,13 @@
 """From logits to the next token: `SamplingParams` (vLLM's names) and the `Sampler`.
 
-Order of operations, as in Hugging Face's `generate`:
-    repetition penalty -> temperature -> top-k -> top-p -> min-p -> sample (or argmax if temperature < SAMPLING_EPS)
+Order of operations, as in Hugging Face's `generate` (with OpenAI's logit bias first, as vLLM does):
+    logit bias -> repetition penalty -> temperature -> top-k -> top-p -> min-p -> sample (or argmax if greedy)
 Each step is a small pure function on logits so the notebooks can show them one at a time.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +37,7 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     n: int = 1
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit; +-100 all but forces / bans it
 
     def __post_init__(self) -> None:
         checks = [  # field, type, test, what is allowed
@@ -70,11 +72,44 @@ class SamplingParams:
         if any(i < 0 for i in ids):
             raise invalid(ValueError, "SamplingParams.stop_token_ids", allowed, ids)
         self.stop_token_ids = [int(i) for i in ids]
+        self.logit_bias = checked_logit_bias(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
         """Argmax instead of sampling: temperature 0, or below SAMPLING_EPS, where dividing by it overflows."""
         return self.temperature < SAMPLING_EPS
+
+
+def checked_logit_bias(bias) -> dict[int, float] | None:
+    """`bias` as {token id: float}, or a TypeError/ValueError naming SamplingParams.logit_bias.
+
+    Keys are integer ids >= 0, or strings of one (JSON object keys are strings); values are finite numbers
+    in [-100, 100], as OpenAI allows. The engine checks the ids against the vocabulary.
+    """
+    name, allowed = "SamplingParams.logit_bias", "None or a dict of token id (an integer >= 0) -> number in [-100, 100]"
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise invalid(TypeError, name, allowed, bias)
+    checked = {}
+    for key, value in bias.items():
+        token = int(key) if isinstance(key, str) and re.fullmatch(r"[+-]?[0-9]+", key) else key
+        if isinstance(token, bool) or not isinstance(token, Integral) or isinstance(value, bool) \
+                or not isinstance(value, Real):
+            raise invalid(TypeError, name, allowed, {key: value})
+        if token < 0 or not (math.isfinite(value) and -100 <= value <= 100):
+            raise invalid(ValueError, name, allowed, {key: value})
+        checked[int(token)] = float(value)
+    return checked
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float] | None) -> torch.Tensor:
+    """OpenAI's logit_bias: add bias[token] to that token's logit in [..., vocab]."""
+    if not bias:
+        return logits
+    ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
+    values = torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+    return logits.index_add(-1, ids, values.expand(*logits.shape[:-1], len(bias)))
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -121,7 +156,7 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 
 def processed_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None) -> torch.Tensor:
     """All filters of `params` applied to the logits of one sequence [vocab], in float32."""
-    logits = logits.float()
+    logits = apply_logit_bias(logits.float(), params.logit_bias)
     if seen is not None:
         logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
     if params.greedy:
@@ -167,7 +202,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams], histories: list[list[int]],
                  request_ids: list[str]) -> list[int]:
         """logits [num_seqs, vocab]; histories: prompt + output ids of each sequence (for the penalty)."""
-        if all(p.greedy and p.repetition_penalty == 1.0 for p in params):
+        if all(p.greedy and p.repetition_penalty == 1.0 and not p.logit_bias for p in params):
             return argmax_rows(logits).tolist()  # a greedy batch: one argmax over all rows
         tokens = []  # 0-d tensors; one .tolist() at the end is the only device sync
         for row, p, hist, rid in zip(logits, params, histories, request_ids):

@@ -159,3 +159,22 @@ def test_llm_stream_with_a_long_stop_string(llm):
 
 
 # ---- logit_bias -------------------------------------------------------------------------------------------------
+def test_logit_bias_forces_and_bans_tokens_in_greedy_decoding(llm):
+    prompt = "The capital of France is"
+    greedy = llm.generate(prompt, SamplingParams(max_tokens=8, temperature=0))[0].outputs[0].token_ids
+    forced = llm.tokenizer.encode(" banana")[0]
+    out = llm.generate(prompt, SamplingParams(max_tokens=4, temperature=0, logit_bias={forced: 100}))[0]
+    assert out.outputs[0].token_ids == [forced] * 4
+    banned = greedy[0]
+    out = llm.generate(prompt, SamplingParams(max_tokens=8, temperature=0, logit_bias={str(banned): -100}))[0]
+    assert banned not in out.outputs[0].token_ids and out.outputs[0].token_ids != greedy
+
+
+def test_logit_bias_in_a_greedy_batch_applies_to_its_own_row_only():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    plain, biased = SamplingParams(temperature=0), SamplingParams(temperature=0, logit_bias={7: 100})
+    got = Sampler()(logits, [plain, biased, plain, plain], [[]] * 4, ["a", "b", "c", "d"])
+    want = logits.argmax(-1).tolist()
+    assert got == want[:1] + [7] + want[2:]
+    sampled = SamplingParams(temperature=1.0, seed=0, logit_bias={3: 100})  # the sampling path too
+    assert Sampler()(logits[:1], [sampled], [[]], ["e"]) == [3]

@@ -30,6 +30,11 @@ from course_lib.sampling import Sampler, processed_logits
     ("ignore_eos", "yes", TypeError, "True or False"), ("skip_special_tokens", None, TypeError, "True or False"),
     ("max_tokens", True, TypeError, "an integer >= 1"), ("max_tokens", 2.0, TypeError, "an integer >= 1"),
     ("n", True, TypeError, "1"),
+    ("logit_bias", [(5, 1.0)], TypeError, "None or a dict of token id"), ("logit_bias", {"a": 1}, TypeError, "a dict"),
+    ("logit_bias", {1.5: 1}, TypeError, "a dict"), ("logit_bias", {True: 1}, TypeError, "a dict"),
+    ("logit_bias", {5: "1"}, TypeError, "a dict"), ("logit_bias", {-1: 1}, ValueError, "an integer >= 0"),
+    ("logit_bias", {"-3": 1}, ValueError, "an integer >= 0"), ("logit_bias", {5: 100.5}, ValueError, r"\[-100, 100\]"),
+    ("logit_bias", {5: float("nan")}, ValueError, r"\[-100, 100\]"),
 ])
 def test_bad_sampling_params_raise_with_field_value_and_allowed(field, value, error, allowed):
     match = f"SamplingParams.{field} must be .*{allowed}.*, got {re.escape(repr(value))}$"
@@ -54,6 +59,7 @@ def test_check_request_errors_name_their_field(tiny, tokenizer):
     model = tiny()
     engine, vocab = course_lib.LLM.from_model(model, tokenizer, kv_cache_memory=1 << 20).engine, model.config.vocab_size
     cases = [([1, 2], SamplingParams(stop_token_ids=[vocab]), "stop_token_ids"),
+             ([1, 2], SamplingParams(logit_bias={3: 1.0, vocab: -1.0}), "logit_bias"),
              ([vocab], SamplingParams(), "prompt"), ([], SamplingParams(), "prompt"),
              ([1] * engine.max_model_len, SamplingParams(), "prompt"), (3.5, SamplingParams(), "prompt")]
     for prompt, params, param in cases:
@@ -74,6 +80,13 @@ def test_numpy_numbers_are_accepted_and_stored_as_python_numbers():
 @pytest.mark.parametrize("temperature", [1e-40, 1e-6])
 def test_tiny_temperature_is_greedy(temperature):
     assert SamplingParams(temperature=temperature).greedy
+
+
+def test_logit_bias_keys_from_json_strings_become_ids():
+    p = SamplingParams(logit_bias={"5": 1, np.int64(7): np.float32(-2.5), 9: 100, "+11": -100})
+    assert p.logit_bias == {5: 1.0, 7: -2.5, 9: 100.0, 11: -100.0}
+    assert all(type(k) is int and type(v) is float for k, v in p.logit_bias.items())
+    assert SamplingParams().logit_bias is None
 
 
 def test_tiny_temperature_picks_the_argmax_not_nan():

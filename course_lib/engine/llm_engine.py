@@ -129,9 +129,9 @@ class LLMEngine:
     def check_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
         """Check a prompt (text or token ids) and its params against this model; return its token ids.
 
-        Raises TypeError/ValueError naming what is wrong, its `param` set to the field ("prompt", "stop_token_ids"),
-        so bad input never reaches torch (an id outside the vocabulary is an IndexError on the CPU and a
-        device-side assert on a GPU).
+        Raises TypeError/ValueError naming what is wrong, its `param` set to the field ("prompt", "stop_token_ids",
+        "logit_bias"), so bad input never reaches torch (an id outside the vocabulary is an IndexError on the CPU
+        and a device-side assert on a GPU).
         """
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
@@ -159,6 +159,10 @@ class LLMEngine:
         if any(t >= vocab for t in params.stop_token_ids):
             raise invalid(ValueError, "SamplingParams.stop_token_ids", f"ids in [0, {vocab}) (the vocabulary)",
                           params.stop_token_ids)
+        outside = {t: b for t, b in (params.logit_bias or {}).items() if t >= vocab}
+        if outside:
+            raise invalid(ValueError, "SamplingParams.logit_bias", f"token ids in [0, {vocab}) (the vocabulary)",
+                          outside)
         return ids
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
