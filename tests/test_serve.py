@@ -158,32 +158,6 @@ def test_client_that_disconnects_mid_stream_frees_its_blocks(server):
     assert metric(server, "num_requests_waiting") == 0
 
 
-def test_a_failing_engine_step_is_a_503_and_the_server_keeps_serving(llm, server, client, monkeypatch):
-    def broken(batch):
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(llm.engine.model_runner, "run", broken)
-    r = post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
-    assert r.status_code == 503
-    error = r.json()["error"]
-    assert error["type"] == "server_error" and "RuntimeError: boom" in error["message"]
-
-    # streaming: the status line (200) has gone out, so the error is a chunk, then the stream ends as usual
-    body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
-        assert r.status_code == 200
-        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
-    assert lines[-1] == "[DONE]"
-    assert json.loads(lines[-2])["error"]["type"] == "server_error"
-
-    # the failed requests were aborted (no blocks held), /health still answers, and a healthy step serves again
-    assert metric(server, "num_requests_running") == 0 and metric(server, "kv_cache_usage_perc") == 0
-    assert httpx.get(server.url + "/health").status_code == 200
-    monkeypatch.undo()
-    ok = client.completions.create(model=NAME, prompt="Hello", max_tokens=2)
-    assert ok.usage.completion_tokens >= 1
-
-
 def test_client_benchmark_against_the_server(server, tmp_path, capsys):
     summary = bench_main(["--base-url", server.url, "--concurrency", "4", "--num-requests", "8",
                           "--max-tokens", "6", "--prompt-words", "12", "--json", str(tmp_path / "b.json")])
@@ -243,14 +217,14 @@ def test_watcher_and_plots_of_a_concurrency_sweep(server):
     assert parse_metrics(text) == {"num_requests_running": 2.0, "kv_cache_usage_perc": 0.25}
 
 
-def test_the_server_process_finishes_what_is_in_flight_on_sigterm():
+def test_the_server_process_finishes_what_is_in_flight_on_sigterm_and_warns_without_a_key():
     import signal
     import subprocess
     import sys
     import threading
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "course_lib.serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "course_lib.serve", "--port", str(port), "--host", "0.0.0.0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -274,6 +248,7 @@ def test_the_server_process_finishes_what_is_in_flight_on_sigterm():
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert "no API key is set" in proc.stdout.read()  # bound beyond loopback without a key: it says so
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"  # finished, not cut off

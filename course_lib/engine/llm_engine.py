@@ -224,6 +224,12 @@ class LLMEngine:
             else:
                 self.router.close(request_id)
 
+    def abort_all(self) -> None:
+        """Abort every request, waiting or running (a server whose engine failed stops them all)."""
+        with self._lock:
+            for request_id in list(self.requests):
+                self.abort_request(request_id)
+
     def has_unfinished_requests(self) -> bool:
         """Whether any request still runs or waits, or has an output that `step()` has not returned yet."""
         with self._lock:

@@ -3,6 +3,7 @@
     python -m course_lib.serve                                  # the default model on 127.0.0.1:8000
     python -m course_lib.serve --dtype bfloat16 --port 8001 --max-num-seqs 32
     python -m course_lib.serve --reference                      # the pure-PyTorch engine (default: accel=True)
+    COURSE_API_KEY=secret python -m course_lib.serve --host 0.0.0.0   # other machines, with a key
     curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "Hi", "max_tokens": 8}'
 
 Ctrl-C (SIGINT) or SIGTERM: stop accepting, let open requests finish (up to --graceful-seconds),
@@ -11,6 +12,7 @@ abort the rest, exit.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 from pathlib import Path
@@ -19,6 +21,7 @@ from ..chapter import quiet_libraries
 from ..engine.llm import LLM
 from .app import create_app
 from .background import BackgroundServer
+from .guards import LOOPBACK_HOSTS, ServeConfig
 
 
 def kv_memory(text: str) -> int | float:
@@ -34,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="a .gguf file, a model directory or a Hub id (default: SmolLM2)")
     ap.add_argument("--served-model-name", default=None, help="the name clients pass as `model`")
-    ap.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other machines (no auth here!)")
+    ap.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other machines (set --api-key too)")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     ap.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: by device)")
@@ -48,7 +51,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reference", action="store_true",
                     help="run the pure-PyTorch reference engine (default: LLM(accel=True), this machine's kernels)")
     ap.add_argument("--graceful-seconds", type=int, default=30, help="on shutdown, how long open requests get")
+    ap.add_argument("--api-key", default=os.environ.get("COURSE_API_KEY"),
+                    help="require 'Authorization: Bearer KEY' on all but /health (default: $COURSE_API_KEY)")
+    ap.add_argument("--allowed-hosts", default=None,
+                    help="comma-separated Host names to answer, or '*' (default: loopback names and --host)")
+    ap.add_argument("--max-body-bytes", type=int, default=ServeConfig.max_body_bytes, help="larger bodies get a 413")
+    ap.add_argument("--limit-concurrency", type=int, default=None, help="most open /v1 requests; more get a 503")
+    ap.add_argument("--request-timeout", type=float, default=None, help="seconds before a request is aborted (408)")
     args = ap.parse_args(argv)
+    hosts = tuple(h.strip().lower() for h in args.allowed_hosts.split(",")) if args.allowed_hosts \
+        else ServeConfig.hosts_for(args.host)
+    config = ServeConfig(api_key=args.api_key or None, allowed_hosts=hosts, max_body_bytes=args.max_body_bytes,
+                         limit_concurrency=args.limit_concurrency, request_timeout=args.request_timeout)
     quiet_libraries()
     engine_args = {k: v for k, v in dict(kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                                          max_model_len=args.max_model_len).items() if v is not None}
@@ -56,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
               accel=not args.reference, compile_decode=args.compile_decode, **engine_args)
     name = args.served_model_name or (Path(args.model).stem if args.model else "SmolLM2-135M-Instruct")
     # uvicorn in a thread, the engine loop in this one: the thread that loaded the model steps it (see AsyncEngine).
-    app = create_app(llm, name, args.default_max_tokens, engine_thread=False)
+    app = create_app(llm, name, args.default_max_tokens, engine_thread=False, config=config)
     server = BackgroundServer(app, args.host, args.port, graceful_seconds=args.graceful_seconds).start()
 
     def stop(signum, frame) -> None:  # uvicorn drains open requests, then the app's shutdown stops the loop
@@ -65,6 +79,9 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     print(f"serving {name} on http://{args.host}:{args.port}/v1 ({llm.device}, {llm.model.dtype})", flush=True)
+    if config.api_key is None and args.host not in (*LOOPBACK_HOSTS, "::1"):
+        print(f"warning: {args.host} accepts other machines and no API key is set: anyone who can reach this port "
+              "can use the model (set --api-key or COURSE_API_KEY)", flush=True)
     watchdog = threading.Thread(target=lambda: (server.thread.join(), app.state.engine.shutdown()), daemon=True)
     watchdog.start()  # however uvicorn ends, the loop below ends with it
     app.state.engine.run()  # returns once the server has shut down

@@ -5,36 +5,98 @@
     GET  /v1/models  /health  /metrics
 
 Streaming answers are server-sent events: one `data: {json}` chunk per step that adds text, then
-`data: [DONE]`. Bad input gets a 4xx with OpenAI's error body and the server keeps serving; a client
-that disconnects mid-stream aborts its request, which frees its KV blocks.
+`data: [DONE]`. Every error has OpenAI's shape and status; the body is parsed, tokenized and checked in a
+worker thread, so a large prompt never stalls other clients. A client that disconnects, streaming or
+not, aborts its request at once, which frees its KV blocks. `guards.py` checks host, key and sizes first.
 """
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager, suppress
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
 from ..engine.llm import LLM
+from ..engine.sequence import RequestOutput
+from ..sampling import SamplingParams
 from .async_engine import AsyncEngine, EngineDead
+from .guards import BodyTooLarge, Guard, ServeConfig, too_large
 from .metrics import ServerMetrics
 from .protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, SamplingFields, choice,
-                       completion_body, new_id, usage)
+                       completion_body, new_id, parse_body, usage)
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events whose generator is closed however the response ends, so a client that leaves
+    aborts its request now rather than whenever the generator is garbage-collected."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+async def disconnected(request: Request) -> None:
+    """Return when the client closes the connection (the body has been read; only a disconnect can come)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable):
+    """Run `work`; if the client disconnects first, cancel it (which aborts its request) and return None.
+
+    vLLM's `with_cancellation` does the same: a non-streaming client that gives up must not leave its
+    whole generation running."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+    return None if task.cancelled() else task.result()
+
+
+async def within(outputs: AsyncIterator[RequestOutput], seconds: float | None) -> AsyncIterator[RequestOutput]:
+    """`outputs` until `seconds` have passed; then the request is aborted and a 408 raised."""
+    loop = asyncio.get_running_loop()
+    deadline = None if seconds is None else loop.time() + seconds
+    try:
+        while True:
+            try:
+                left = None if deadline is None else max(deadline - loop.time(), 0)
+                out = await asyncio.wait_for(anext(outputs), left)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise OpenAIError(f"the request did not finish within {seconds:g} s (--request-timeout) and was "
+                                  "aborted", status=408, type="timeout_error", code="request_timeout") from None
+            yield out
+    finally:
+        await outputs.aclose()
 
 
 def create_app(llm: LLM, served_model_name: str = "SmolLM2-135M-Instruct", default_max_tokens: int = 16,
-               engine_thread: bool = True) -> FastAPI:
+               engine_thread: bool = True, config: ServeConfig | None = None) -> FastAPI:
     """A FastAPI app serving `llm` under the name `served_model_name` (what clients pass as `model`).
 
     `engine_thread=False`: the engine is stepped by whoever calls `app.state.engine.run()` (see `AsyncEngine`).
+    `config`: API key, allowed hosts, size, concurrency and time limits (see `ServeConfig`).
     """
+    config = config or ServeConfig()
     engine = AsyncEngine(llm.engine, start_thread=engine_thread)
     metrics = ServerMetrics(engine, served_model_name)
+    window = llm.engine.max_model_len
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -42,91 +104,131 @@ def create_app(llm: LLM, served_model_name: str = "SmolLM2-135M-Instruct", defau
         engine.shutdown()  # uvicorn has let open requests finish (or timed them out) before this runs
 
     app = FastAPI(title="course_lib OpenAI-compatible server", lifespan=lifespan)
-    app.state.engine, app.state.metrics = engine, metrics
+    app.add_middleware(Guard, config=config)
+    app.state.engine, app.state.metrics, app.state.config = engine, metrics, config
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, e: OpenAIError):
         return JSONResponse(e.body(), status_code=e.status)
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, e: RequestValidationError):
-        first = e.errors()[0]  # malformed JSON, a missing field, a wrong type
-        loc = [str(part) for part in first.get("loc", ())[1:]]  # drop "body"
-        param = ".".join(loc) if loc and first.get("type") != "json_invalid" else None
-        message = f"{param}: {first['msg']}" if param else f"invalid request body: {first['msg']}"
-        return JSONResponse(OpenAIError(message, param).body(), status_code=400)
-
     @app.exception_handler(EngineDead)
     async def engine_dead(request: Request, e: EngineDead):
-        return JSONResponse(OpenAIError(str(e), status=503, type="server_error").body(), status_code=503)
+        return JSONResponse(OpenAIError(str(e), status=e.status, type="server_error").body(), status_code=e.status)
+
+    @app.exception_handler(BodyTooLarge)
+    async def body_too_large(request: Request, e: BodyTooLarge):
+        return Response(too_large(config.max_body_bytes), status_code=413, media_type="application/json")
+
+    @app.exception_handler(HTTPException)  # 404, 405 and whatever else Starlette answers itself
+    async def http_error(request: Request, e: HTTPException):
+        message = f"{request.method} {request.url.path}: {e.detail}"
+        return JSONResponse(OpenAIError(message, status=e.status_code).body(), status_code=e.status_code,
+                            headers=e.headers)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception):
+        body = OpenAIError(f"internal server error: {type(e).__name__}: {e}", status=500, type="server_error")
+        return JSONResponse(body.body(), status_code=500)
 
     @app.get("/health")
     async def health():
-        return Response(status_code=200)
+        """200 while the engine serves; 503 with the reason once a step has failed or the server stops."""
+        if (error := engine.unavailable()) is not None:
+            return JSONResponse(OpenAIError(str(error), status=503, type="server_error").body(), status_code=503)
+        return {"status": "ok"}
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "course_lib", "max_model_len": llm.engine.max_model_len}]}
+                                            "owned_by": "course_lib", "max_model_len": window}]}
 
     @app.get("/metrics")
     async def prometheus():
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
-        return await serve(body, body.single_prompt(), chat=False)
+    async def completions(request: Request):
+        return await serve(request, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
-        try:
-            prompt = llm.tokenizer.encode_chat([m.model_dump() for m in body.messages])
-        except (TypeError, ValueError) as e:
-            raise OpenAIError(str(e), "messages") from e
-        return await serve(body, prompt, chat=True)
+    async def chat_completions(request: Request):
+        return await serve(request, chat=True)
 
-    async def serve(body: SamplingFields, prompt: str | list[int], chat: bool):
+    def prepare(raw: bytes, chat: bool) -> tuple[SamplingFields, list[int], SamplingParams]:
+        """Body bytes -> (request, prompt ids, params): parse, tokenize, check. Runs in a worker thread."""
+        body = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
         if body.model is not None and body.model != served_model_name:
             raise OpenAIError(f"the model {body.model!r} does not exist; this server serves {served_model_name!r}",
                               "model", status=404, code="model_not_found")
         params = body.sampling_params(default_max_tokens)
-        try:  # a prompt longer than the context, a stop id outside the vocab; the ids are the engine's input
-            prompt = llm.engine.check_request(prompt, params)
+        try:  # a template error, a prompt longer than the context, a stop id outside the vocab
+            prompt = llm.tokenizer.encode_chat([m.model_dump(exclude={"name"}) for m in body.messages]) if chat \
+                else body.single_prompt()
+            ids = llm.engine.check_request(prompt, params)
         except (TypeError, ValueError) as e:  # the engine's errors name their field in `param`
             param = getattr(e, "param", None)
             if param in (None, "prompt"):  # a chat's prompt is made from its messages
                 param = "messages" if chat else "prompt"
             raise OpenAIError(str(e), param) from e
+        return body, ids, fit_window(params, len(ids), asked=body.max_tokens is not None, chat=chat)
+
+    def fit_window(params: SamplingParams, prompt_len: int, asked: bool, chat: bool) -> SamplingParams:
+        """Prompt + max_tokens within the context window: asking for more is a 400, as with OpenAI and vLLM
+        (not a silent cut); the default max_tokens shrinks to what fits."""
+        room = window - prompt_len
+        if params.max_tokens <= room:
+            return params
+        if not asked:
+            return dataclasses.replace(params, max_tokens=room)
+        raise OpenAIError(f"this model's context window (max_model_len) is {window} tokens, but "
+                          f"{prompt_len + params.max_tokens} were requested ({prompt_len} in the "
+                          f"{'messages' if chat else 'prompt'}, {params.max_tokens} in the completion): reduce "
+                          f"max_tokens to at most {room} or shorten the prompt", "max_tokens")
+
+    async def serve(request: Request, chat: bool):
+        if (error := engine.unavailable()) is not None:
+            raise error
+        body, ids, params = await asyncio.to_thread(prepare, await request.body(), chat)
         request_id = new_id("chatcmpl" if chat else "cmpl")
-        outputs = engine.generate(prompt, params, request_id)
+        outputs = within(engine.generate(ids, params, request_id), config.request_timeout)
         if body.stream:
-            return StreamingResponse(stream(outputs, request_id, chat, body.include_usage),
-                                     media_type="text/event-stream")
-        counted, final = 0, None
-        async for out in outputs:
-            counted, final = metrics.observe(out, counted), out
+            return EventStream(stream(outputs, request_id, chat, body.include_usage), media_type="text/event-stream")
+        final = await unless_disconnected(request, collect(outputs))
+        if final is None:
+            return Response(status_code=499)  # the client has gone: nobody reads this (nginx's "client closed")
         c = final.outputs[0]
         return completion_body(request_id, served_model_name, [choice(c.text, c.finish_reason, chat, chunk=False)],
                                chat, chunk=False, usage_counts=usage(len(final.prompt_token_ids), len(c.token_ids)))
+
+    async def collect(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+        counted, final = 0, None
+        async for out in outputs:
+            counted, final = metrics.observe(out, counted), out
+        return final
 
     async def stream(outputs, request_id: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
         def event(choices: list[dict], usage_counts: dict | None = None) -> str:
             body = completion_body(request_id, served_model_name, choices, chat, chunk=True, usage_counts=usage_counts)
             return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-        if chat:  # the first chunk names the role, as OpenAI's does
-            yield event([choice("", None, chat, chunk=True, role=True)])
-        counted, final = 0, None
         try:
-            async for out in outputs:
-                counted, final = metrics.observe(out, counted), out
-                if out.delta or out.finished:
-                    reason = out.outputs[0].finish_reason if out.finished else None
-                    yield event([choice(out.delta or None, reason, chat, chunk=True)])
-        except EngineDead as e:  # the status line is sent: say it in the stream, then end it
-            yield f"data: {json.dumps(OpenAIError(str(e), type='server_error').body())}\n\n"
-        if include_usage and final is not None:
-            yield event([], usage(len(final.prompt_token_ids), len(final.outputs[0].token_ids)))
-        yield "data: [DONE]\n\n"
+            if chat:  # the first chunk names the role, as OpenAI's does
+                yield event([choice("", None, chat, chunk=True, role=True)])
+            counted, final = 0, None
+            try:
+                async for out in outputs:
+                    counted, final = metrics.observe(out, counted), out
+                    if out.delta or out.finished:
+                        reason = out.outputs[0].finish_reason if out.finished else None
+                        yield event([choice(out.delta or None, reason, chat, chunk=True)])
+            except EngineDead as e:  # the status line is sent: say it in the stream, then end it
+                yield f"data: {json.dumps(OpenAIError(str(e), status=e.status, type='server_error').body())}\n\n"
+            except OpenAIError as e:  # the deadline passed
+                yield f"data: {json.dumps(e.body())}\n\n"
+            if include_usage and final is not None:
+                yield event([], usage(len(final.prompt_token_ids), len(final.outputs[0].token_ids)))
+            yield "data: [DONE]\n\n"
+        finally:
+            await outputs.aclose()
 
     return app

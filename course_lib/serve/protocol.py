@@ -1,8 +1,9 @@
 """The OpenAI wire format: request bodies in, `SamplingParams` out, response and chunk bodies back.
 
-Field names and defaults follow OpenAI's API reference; vLLM's extra sampling fields (`top_k`, `min_p`,
-`repetition_penalty`, `ignore_eos`, `stop_token_ids`, `skip_special_tokens`) are accepted too. pydantic
-checks types (a wrong type is a 400 naming the field); `SamplingParams` checks ranges.
+Field names, defaults and ranges follow OpenAI's API reference; vLLM's extra sampling fields (`top_k`,
+`min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `skip_special_tokens`) are accepted too.
+Types are strict, as OpenAI's are (`"max_tokens": "10"` is a 400, not 10), and a field this server does not
+implement is refused with a 400 naming it, never silently ignored.
 """
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..sampling import SamplingParams
+
+TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}  # pydantic names union members in `loc`
 
 
 class OpenAIError(Exception):
@@ -27,18 +30,38 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
+    """A request body (bytes) as `model`: invalid UTF-8, lone surrogates, bad JSON or a wrong type is a 400."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        if first["type"] == "json_invalid" or not first["loc"]:
+            raise OpenAIError(f"the body is not a JSON object in UTF-8: {first['msg']}", code="invalid_json") from e
+        parts = [first["loc"][0]] + [p for p in first["loc"][1:] if isinstance(p, int) or
+                                     (str(p).isidentifier() and str(p) not in TYPE_TAGS)]
+        param = ".".join(str(p) for p in parts)
+        if first["type"] == "extra_forbidden":
+            raise OpenAIError(f"unrecognized request argument supplied: {param}", param) from e
+        if param == "prompt":
+            raise OpenAIError("prompt must be a string, a list of token ids (integers), or a list of one of "
+                              "those", param) from e
+        raise OpenAIError(f"{param}: {first['msg']}", param) from e
+
+
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
-    """What both endpoints share. Unknown fields are ignored, as OpenAI's API does."""
+    """What both endpoints share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = 1.0
+    temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = 1.0
     n: int = 1
     stream: bool = False
@@ -47,6 +70,8 @@ class SamplingFields(BaseModel):
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # an end-user id: recorded by OpenAI, no effect on the output
     # vLLM's extra sampling parameters
     top_k: int = 0
     min_p: float = 0.0
@@ -55,17 +80,21 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
 
-    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        """The engine's `SamplingParams`; a value out of range raises `OpenAIError` naming the field."""
+    def refuse_unsupported(self) -> None:
+        """A 400 naming the first field set to something this server does not implement."""
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) != 0:
                 raise OpenAIError(f"{name} is not supported by this server (use repetition_penalty)", name)
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        """The engine's `SamplingParams`; a value out of range raises `OpenAIError` naming the field."""
+        self.refuse_unsupported()
         try:
             return SamplingParams(
                 max_tokens=self.max_tokens or default_max_tokens, temperature=self.temperature, top_p=self.top_p,
                 top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty, seed=self.seed,
                 stop=self.stop, stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
-                skip_special_tokens=self.skip_special_tokens, n=self.n)
+                skip_special_tokens=self.skip_special_tokens, n=self.n, logit_bias=self.logit_bias)
         except (TypeError, ValueError) as e:  # `checks.invalid` names the field: "SamplingParams.top_p" -> "top_p"
             raise OpenAIError(str(e).replace("SamplingParams.", ""), getattr(e, "param", None)) from e
 
@@ -78,6 +107,16 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
     logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        for name, unset in (("echo", False), ("logprobs", None), ("suffix", None)):
+            if getattr(self, name) != unset:
+                raise OpenAIError(f"{name} is not supported by this server", name)
+        if self.best_of not in (None, 1):
+            raise OpenAIError("best_of is not supported by this server (one completion per request)", "best_of")
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt of this request (a list of one prompt is accepted); one completion per request."""
@@ -86,22 +125,41 @@ class CompletionRequest(SamplingFields):
             if len(prompt) != 1:
                 raise OpenAIError(f"this server takes one prompt per request, got {len(prompt)}", "prompt")
             prompt = prompt[0]
-        if self.echo or self.logprobs is not None:
-            raise OpenAIError("echo and logprobs are not supported by this server",
-                              "echo" if self.echo else "logprobs")
         return prompt
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "user", "assistant"]
     content: str
+    name: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: dict | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.logprobs or self.top_logprobs is not None:
+            raise OpenAIError("logprobs are not supported by this server",
+                              "logprobs" if self.logprobs else "top_logprobs")
+        if self.response_format not in (None, {"type": "text"}):
+            raise OpenAIError("response_format: only {\"type\": \"text\"} is supported by this server "
+                              "(no JSON mode or schema-constrained decoding)", "response_format")
+        if self.tools:
+            raise OpenAIError("tools are not supported by this server (no function calling)", "tools")
+        if self.tool_choice not in (None, "none"):
+            raise OpenAIError("tool_choice is not supported by this server (no function calling)", "tool_choice")
+        if any(m.name is not None for m in self.messages):
+            raise OpenAIError("messages[].name is not supported by this server's chat template", "messages")
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         if self.max_completion_tokens is not None:
