@@ -1,6 +1,6 @@
 """What the first cell of every chapter does: one device and dtype for the whole chapter, quiet libraries.
 
-    setup = setup_chapter()          # prints: device: cpu (AMD EPYC 7B13) | dtype: float32 | threads: 2
+    setup = setup_chapter()   # Machine: AMD EPYC 7B13 · 2 cores · 8 GiB · torch 2.5.1 · cpu float32
     llm = LLM(device=setup.device, dtype=setup.dtype)
     ax.set_title(f"TTFT against prompt length, {setup.label}")
 """
@@ -33,6 +33,18 @@ class ChapterSetup:
         threads = f", {self.threads} thread{'s' if self.threads != 1 else ''}" if self.device.type == "cpu" else ""
         return f"{self.device.type} ({self.name}{threads}), {str(self.dtype).removeprefix('torch.')}"
 
+    @property
+    def machine(self) -> str:
+        """The one line at the top of every chapter that says where its numbers came from:
+        "Machine: <CPU model> · <N> cores · <RAM> GiB · torch <version> · <device> <dtype>"."""
+        import psutil
+
+        cpu = processor_name(torch.device("cpu"))
+        device = f"cuda ({self.name})" if self.device.type == "cuda" else self.device.type
+        ram = psutil.virtual_memory().total / 2**30
+        return (f"Machine: {cpu} · {os.cpu_count()} cores · {ram:.0f} GiB · torch {torch.__version__} · "
+                f"{device} {str(self.dtype).removeprefix('torch.')}")
+
 
 def processor_name(device: torch.device) -> str:
     """The GPU's name, or the CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
@@ -61,7 +73,7 @@ def quiet_libraries() -> None:
 def setup_chapter(device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
                   seed: int = 0, verbose: bool = True) -> ChapterSetup:
     """Pick the chapter's device ("cuda" when present, else the CPU) and the engine's dtype for it,
-    seed torch, quiet the libraries, and print the choice in one line.
+    seed torch, quiet the libraries, and print the machine and the choice in one line (`ChapterSetup.machine`).
 
     The environment variables COURSE_DEVICE and COURSE_DTYPE override the defaults (not explicit arguments):
     a test runs a chapter in bfloat16 on the CPU, as a stand-in for a GPU's dtype, with COURSE_DTYPE=bfloat16.
@@ -73,6 +85,5 @@ def setup_chapter(device: torch.device | str | None = None, dtype: torch.dtype |
     setup = ChapterSetup(dev, dt, torch.get_num_threads(), processor_name(dev))
     torch.manual_seed(seed)
     if verbose:
-        print(f"device: {setup.device.type} ({setup.name}) | dtype: {str(setup.dtype).removeprefix('torch.')} | "
-              f"threads: {setup.threads}")
+        print(setup.machine)
     return setup

@@ -54,7 +54,7 @@ def test_entry_points_follow_the_policy(card, monkeypatch, capsys):
     want = CARDS[card][1]
     setup = setup_chapter()
     assert (setup.device.type, setup.dtype, setup.name) == ("cuda", want, card)
-    assert f"device: cuda ({card}) | dtype: {str(want).removeprefix('torch.')}" in capsys.readouterr().out
+    assert f"cuda ({card}) {str(want).removeprefix('torch.')}" in capsys.readouterr().out
 
     seen = {}
 
