@@ -90,7 +90,9 @@ def test_plan_table_explains_every_figure():
     assert [r[0] for r in rows] == ["weights", "KV cache per token", "KV cache", "activations", "total", "fits",
                                     "max users", "TTFT", "TPOT", "tokens/s per user", "tokens/s in total"]
     assert all(value and formula for _, value, formula in rows)
-    assert "Qwen2.5-7B (int8) on A100-80GB: 4 users x 2,048 tokens of context, TTFT for a prompt of 2,048" in p.table()
+    assert ("Qwen2.5-7B (course INT8: QuantLinear, 8.0 bits a weight incl. scales) on A100-80GB: 4 users x 2,048 "
+            "tokens of context, TTFT for a prompt of 2,048") in p.table()
+    assert p.table().splitlines()[-1].startswith("fractions: bandwidth 0.69") and "gpt-fast" in p.table()
     assert "x 4 bytes (bfloat16)" not in p.table() and "x 2 bytes (bfloat16)" in p.table()
 
 
@@ -167,8 +169,8 @@ def test_measured_device():
 
 @pytest.mark.parametrize("vendor", [None, "GenuineIntel", "AuthenticAMD", "SomeOtherMaker"])
 def test_default_fractions_follow_the_cpus_maker(vendor):
-    """A measured CPU's plan uses the fractions measured on its maker's CPUs (MKL runs other code on each); a
-    datasheet card or an unknown maker the Intel ones; a fraction passed in wins."""
+    """A measured CPU's plan uses the fractions measured on its maker's CPUs (MKL runs other code on each); an
+    unknown maker the Intel ones; a fraction passed in wins, and the table says which were given."""
     cpu = DeviceSpec("a CPU", 16 * GiB, 40e9, {"float32": 200e9}, "test", "cpu", vendor)
     shares = FRACTIONS["AuthenticAMD" if vendor == "AuthenticAMD" else "GenuineIntel"]
     p = plan("SmolLM2-135M-Instruct", cpu, dtype="float32", context_len=256)
@@ -176,7 +178,20 @@ def test_default_fractions_follow_the_cpus_maker(vendor):
     assert f"x {shares.prefill_flops:.2f})" in p.formulas["TTFT"]
     exact = plan("SmolLM2-135M-Instruct", cpu, dtype="float32", context_len=256, **EXACT)
     assert exact.tpot_s < p.tpot_s and "x 1.00) + " in exact.formulas["TPOT"]
-    assert FRACTIONS["AuthenticAMD"] != FRACTIONS["GenuineIntel"]
+    assert FRACTIONS["AuthenticAMD"] != FRACTIONS["GenuineIntel"] and p.fractions == shares
+    assert exact.fractions.source.startswith("given (bandwidth, prefill, decode)")
+
+
+def test_gpus_get_published_fractions_not_a_cpus():
+    """A datasheet GPU is planned with shares published engines reach on GPUs, whose source the table names."""
+    from course_lib.planner import GPU_FRACTIONS, default_fractions
+
+    assert all(default_fractions(d) == GPU_FRACTIONS for d in DEVICES.values())
+    assert GPU_FRACTIONS not in FRACTIONS.values()
+    assert "gpt-fast" in GPU_FRACTIONS.source and "1,410.76 GB/s" in GPU_FRACTIONS.source
+    assert GPU_FRACTIONS.bandwidth == pytest.approx(1410.76 / 2039, abs=0.01)  # its achieved / the A100's peak
+    table = plan("Llama-3-8B", H100).table()
+    assert "x 0.69) + " in table and "source: published, not the course engine" in table
 
 
 # --- the plan against the engine on this machine ---------------------------------------------------------
@@ -301,7 +316,7 @@ def test_cli_prints_the_plan(capsys):
     assert main(["--model", "llama-3-70b", "--device", "h100", "--weight-bits", "4", "--context", "8192",
                  "--users", "16"]) == 0
     out = capsys.readouterr().out
-    assert "Llama-3-70B (int4, groups of 32) on H100 SXM: 16 users x 8,192 tokens" in out
+    assert "Llama-3-70B (course INT4: QuantLinear, groups of 32, 6.0 bits a weight incl. scales) on H100 SXM" in out
     assert "NO (usable 72.00 GiB of 80.00 GiB)" in out and "max users" in out and "datasheet" in out
 
 
@@ -310,13 +325,16 @@ def test_cli_errors_list_the_choices(capsys):
     err = capsys.readouterr().err
     assert "unknown device 'v100'" in err and "H100 SXM" in err and THIS_MACHINE in err
     assert main(["--list"]) == 0
-    assert "Qwen2.5-72B" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Qwen2.5-72B" in out and "q4_k_m    4.5 / 4.5 / 6.56" in out and "awq" in out
+    assert main(["--model", "llama-3-8b", "--format", "q4"]) == 2
+    assert "'q4' is ambiguous: it could be q4_0, q4_k_m" in capsys.readouterr().err
 
 
 def test_cli_runs_as_a_module():
     out = subprocess.run([sys.executable, "-m", "course_lib.planner", "--model", "mistral-7b", "--device", "l4",
                           "--weight-bits", "8"], capture_output=True, text=True, check=True).stdout
-    assert "Mistral-7B (int8) on L4" in out and "tokens/s in total" in out
+    assert "Mistral-7B (course INT8: QuantLinear" in out and "tokens/s in total" in out
 
 
 def test_memory_chart_has_the_cards_line():
@@ -337,7 +355,8 @@ def test_planner_view_and_widget(monkeypatch, capsys):
     from course_lib.viz import planner as vp
 
     result, fig = vp.planner_view("Llama-3-8B", "int4", "L4", context=4096, users=8)
-    assert result.weights == "int4, groups of 32" and result.device == "L4" and "8 users" in fig.axes[0].get_title()
+    assert result.weights.startswith("course INT4: QuantLinear, groups of 32") and result.device == "L4"
+    assert "8 users" in fig.axes[0].get_title()
     fake = DeviceSpec(f"{THIS_MACHINE} (fake)", 16 * GiB, 20e9, {"float32": 2e11}, "test", kind="cpu")
     calls = []
     monkeypatch.setattr(DeviceSpec, "measure", classmethod(lambda cls, *a, **k: calls.append(1) or fake))
@@ -352,7 +371,10 @@ def test_planner_view_and_widget(monkeypatch, capsys):
     assert names == ["model", "weights", "device", "context", "users"]
     plt.close("all")
     widget.children[1].value = "int8"  # the callback redraws
-    assert "(int8) on H100 SXM" in plt.gcf().axes[0].get_title()
+    assert "(course INT8: QuantLinear, 8.0 bits a weight incl. scales) on H100 SXM" in plt.gcf().axes[0].get_title()
+    plt.close("all")
+    widget.children[1].value = "q4_k_m"  # a real format
+    assert "(q4_k_m, 4.89 bits a weight) on H100 SXM" in plt.gcf().axes[0].get_title()
     plt.close("all")
     capsys.readouterr()
     widget.children[3].value = 32768  # longer than Llama-3-8B's window: a message, no figure, no exception

@@ -37,10 +37,11 @@ from ..profiling.memory import GiB, activation_bytes, bytes_per_value, weight_by
 from ..profiling.roofline import weights_read
 from ..quant.linear import QuantLinear, cpu_backend_problem
 from .devices import DeviceSpec, find_device
+from .formats import WeightFormat, find_format
 from .presets import load_config
 
-# The shares of this machine's measured ceilings (`DeviceSpec.measure()`) that the engine reached, from
-# `validate.calibrate(LLM())`: torch 2.13, float32, the reference engine (`LLM()`'s default). They belong to the
+# CPU fractions: the shares of this machine's measured ceilings (`DeviceSpec.measure()`) that the engine reached,
+# from `validate.calibrate(LLM())`: torch 2.13, float32, the reference engine (`LLM()`'s default). They belong to the
 # CPU's maker, because the engine's float32 `F.linear` is MKL's, and MKL runs different code on each:
 #  - a 2-core Intel Xeon (AVX-512, 2.6 GHz): the medians of four sessions of 5 rounds, two while other programs
 #    ran on the host (copy 24-26 GB/s, matmul 320-350 GFLOP/s): (0.505, 0.702, 0.292), (0.518, 0.688, 0.292), and
@@ -52,22 +53,35 @@ from .presets import load_config
 #    0.32-0.35 on a third. MKL's one-row product there is slow code, not memory: a batch-1 step reads its weights
 #    at ~1/4-1/3 of a copy's bytes/s, while 16-row steps and prefills run near the matmul ceiling. The bandwidth
 #    share is set between the hosts (0.30), the others at the medians.
-# On a datasheet device (or a CPU of another maker) the Intel shares multiply the datasheet's peaks, which a
-# copy or a matmul on that card does not quite reach either: pass fractions measured on the card when you have them.
+# A CPU of another maker gets the Intel shares. GPUs get `GPU_FRACTIONS`: what published engines reach on datasheet
+# peaks, since the course engine was not measured on one; pass fractions measured on the card when you have them.
 class Fractions(NamedTuple):
-    """Shares of the measured ceilings the engine reaches: `plan`'s three fractions."""
+    """Shares of the device's ceilings the engine reaches: `plan`'s three fractions, and where they come from."""
 
-    bandwidth: float  # a batch-1 decode step streams its weights at this share of a large copy's bytes/s
-    prefill_flops: float  # a 512-token prefill: matmuls 512 rows tall
+    bandwidth: float  # a batch-1 decode step streams its weights at this share of the bytes/s ceiling
+    prefill_flops: float  # a long prefill: matmuls hundreds of rows tall
     decode_flops: float  # a 16-request decode step: matmuls 16 rows tall
+    source: str = ""
 
 
-FRACTIONS = {"GenuineIntel": Fractions(0.56, 0.71, 0.32), "AuthenticAMD": Fractions(0.30, 0.89, 0.75)}
-BANDWIDTH_FRACTION, PREFILL_FLOPS_FRACTION, DECODE_FLOPS_FRACTION = FRACTIONS["GenuineIntel"]  # the general default
+_CALIBRATED = "validate.calibrate on 2-core {} CPUs (float32, the reference engine), shares of DeviceSpec.measure()"
+FRACTIONS = {"GenuineIntel": Fractions(0.56, 0.71, 0.32, _CALIBRATED.format("Intel Xeon")),
+             "AuthenticAMD": Fractions(0.30, 0.89, 0.75, _CALIBRATED.format("AMD EPYC"))}
+GPU_FRACTIONS = Fractions(
+    0.69, 0.60, 0.25,
+    "published, not the course engine: bandwidth from gpt-fast's README (https://github.com/pytorch-labs/gpt-fast, "
+    "Benchmarks: Llama-3.1-8B bf16, batch 1, A100-80GB at 330 W: 93.89 tok/s = 1,410.76 GB/s of 2,039 = 0.69; "
+    "Llama-2-7B 1,397.31 GB/s = 0.685); prefill 0.60, under the 76% MFU of large-batch prefill in Pope et al., "
+    "Efficiently Scaling Transformer Inference (https://arxiv.org/abs/2211.05102; PaLM 540B, TPU v4), as one "
+    "prompt of a smaller model keeps a GPU less busy (a judgment); decode 0.25: no published figure for 16-row "
+    "matmuls found, an assumption")
+BANDWIDTH_FRACTION, PREFILL_FLOPS_FRACTION, DECODE_FLOPS_FRACTION = FRACTIONS["GenuineIntel"][:3]  # CPU default
 
 
 def default_fractions(device: DeviceSpec) -> Fractions:
-    """The fractions measured on `device`'s CPU maker (`DeviceSpec.vendor`), else the Intel ones."""
+    """`GPU_FRACTIONS` on a GPU; on a CPU the fractions measured on its maker's (`DeviceSpec.vendor`), else Intel's."""
+    if device.kind == "gpu":
+        return GPU_FRACTIONS
     return FRACTIONS.get(device.vendor or "", FRACTIONS["GenuineIntel"])
 
 
@@ -82,7 +96,7 @@ class Plan:
     model: str
     device: str
     dtype: str
-    weights: str  # "bfloat16", "int8", "int4, groups of 32"
+    weights: str  # "bfloat16", "q4_k_m, 4.89 bits a weight", "course INT4: QuantLinear, groups of 32, ..."
     context_len: int
     concurrency: int
     prompt_len: int
@@ -95,6 +109,8 @@ class Plan:
     ttft_s: float
     tpot_s: float
     formulas: dict[str, str] = field(default_factory=dict, repr=False)
+    weight_format: str | None = None  # the `FORMATS` name, when a real format was asked for
+    fractions: Fractions | None = None  # the shares of the ceilings the times used, with their source
 
     @property
     def kv_bytes(self) -> int:
@@ -141,7 +157,12 @@ class Plan:
         w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
         title = (f"{self.model} ({self.weights}) on {self.device}: {_users(self.concurrency)} x "
                  f"{self.context_len:,} tokens of context, TTFT for a prompt of {self.prompt_len:,} tokens")
-        return "\n".join([title, "-" * len(title)] + [f"{a:<{w0}}  {b:>{w1}}   {c}" for a, b, c in rows])
+        lines = [title, "-" * len(title)] + [f"{a:<{w0}}  {b:>{w1}}   {c}" for a, b, c in rows]
+        if self.fractions is not None:
+            f = self.fractions
+            lines.append(f"fractions: bandwidth {f.bandwidth:.2f}, prefill FLOP/s {f.prefill_flops:.2f}, "
+                         f"decode FLOP/s {f.decode_flops:.2f}; source: {f.source}")
+        return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.table()
@@ -176,18 +197,25 @@ class WeightMemory(NamedTuple):
 
 
 def weight_memory(config: ModelConfig, dtype: torch.dtype | str = torch.bfloat16, weight_bits: int | None = None,
-                  group_size: int = 32, kind: str = "gpu") -> WeightMemory:
+                  group_size: int = 32, kind: str = "gpu", weight_format: str | WeightFormat | None = None
+                  ) -> WeightMemory:
     """The weights' bytes, from the engine's own modules built on the meta device (no memory).
 
     Quantized (`weight_bits` 8 or 4): every linear layer but `lm_head` becomes a `QuantLinear`, as
     `quantize_model` does, in the layout of the backend the engine would use on that `kind` of device;
-    embeddings, norms and `lm_head` stay in `dtype`.
+    embeddings, norms and `lm_head` stay in `dtype`. A `weight_format` ("q4_k_m", "awq", ...) instead counts
+    each parameter at the bits that format stores it in (`formats.FORMATS`), as a checkpoint file holds them.
     """
     if weight_bits not in WEIGHT_BITS:
         raise ValueError(f"weight_bits must be None (not quantized), 8 or 4, got {weight_bits!r}")
+    if weight_format is not None and weight_bits is not None:
+        raise ValueError("pass weight_format (a real format such as 'q4_k_m') or weight_bits (the course "
+                         f"engine's own INT{weight_bits} layout), not both")
     method = WEIGHT_BITS[weight_bits]
     with torch.device("meta"):
         model = Transformer(config).to(resolve_dtype(dtype))
+    if weight_format is not None:
+        return _format_memory(model, find_format(weight_format))
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"]
     for name, linear in linears if method is not None else []:
         # quantize_model's choice on that device: the CPU's packed layout where the op takes the shape
@@ -202,22 +230,50 @@ def weight_memory(config: ModelConfig, dtype: torch.dtype | str = torch.bfloat16
     return WeightMemory(weight_bytes(model), weights_read(model), per_weight)
 
 
+def _format_memory(model: Transformer, fmt: WeightFormat) -> WeightMemory:
+    """Bytes of `model`'s parameters stored in `fmt` (buffers such as RoPE's are not in a checkpoint)."""
+    tied = model.lm_head.weight is model.embed_tokens.weight
+    linear_bits = {f"{name}.weight": fmt.linear_bits(name) for name, m in model.named_modules()
+                   if isinstance(m, nn.Linear) and name != "lm_head"}
+    bits, linear_weights, linear_total = 0.0, 0, 0.0
+    for name, p in model.named_parameters():  # a tied table once, under its embedding name
+        if name == "embed_tokens.weight":
+            b = fmt.head_bits if tied else fmt.embedding_bits
+        elif name == "lm_head.weight":
+            b = fmt.head_bits
+        elif name in linear_bits:
+            b = linear_bits[name]
+            linear_weights, linear_total = linear_weights + p.numel(), linear_total + b * p.numel()
+        else:
+            b = fmt.other_bits
+        bits += b * p.numel()
+    total = int(bits / 8)
+    untied_embedding = 0 if tied else int(model.embed_tokens.weight.numel() * fmt.embedding_bits / 8)
+    return WeightMemory(total, total - untied_embedding, linear_total / linear_weights / 8)
+
+
 def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpec | str,
          dtype: torch.dtype | str | None = None, weight_bits: int | None = None, context_len: int = 4096,
          concurrency: int = 1, prompt_len: int | None = None, group_size: int = 32,
          bandwidth_fraction: float | None = None, prefill_flops_fraction: float | None = None,
-         decode_flops_fraction: float | None = None, memory_utilization: float = MEMORY_UTILIZATION
-         ) -> Plan:
+         decode_flops_fraction: float | None = None, memory_utilization: float = MEMORY_UTILIZATION,
+         weight_format: str | WeightFormat | None = None) -> Plan:
     """Plan serving `config` on `device` for `concurrency` users holding `context_len` tokens each.
 
     config: a `ModelConfig`, a `config.json` dict, a preset name or a path (`load_config`); device: a
     `DeviceSpec` or a name in `DEVICES` (`find_device`). dtype: of the activations, the KV cache and every
-    weight that is not quantized (default: the device's, as the engine's policy picks: float16 on a T4). weight_bits: None (= dtype), 8 or 4 (groups of `group_size`).
+    weight that is not quantized (default: the device's, as the engine's policy picks: float16 on a T4).
+    weight_format: a real checkpoint format by name ("q4_k_m", "q8_0", "awq", "gptq", "mlx-4bit", "fp8", "bf16";
+    `FORMATS`), at the bits its layout stores each layer in. weight_bits: 8 or 4, the course engine's own
+    `QuantLinear` layout instead (INT4 in groups of `group_size`, ~6 bits a weight with its scales); not both.
     prompt_len: the prompt TTFT is computed for (default: `context_len`, a prompt that fills the context).
     The three fractions default to `default_fractions(device)`.
     """
     cfg, dev = load_config(config), find_device(device)
+    fmt = None if weight_format is None else find_format(weight_format)
     shares = default_fractions(dev)
+    given = [n for n, v in (("bandwidth", bandwidth_fraction), ("prefill", prefill_flops_fraction),
+                            ("decode", decode_flops_fraction)) if v is not None]
     bandwidth_fraction = shares.bandwidth if bandwidth_fraction is None else bandwidth_fraction
     prefill_flops_fraction = shares.prefill_flops if prefill_flops_fraction is None else prefill_flops_fraction
     decode_flops_fraction = shares.decode_flops if decode_flops_fraction is None else decode_flops_fraction
@@ -237,7 +293,7 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
     dt = dtype_name(dtype or dev.default_dtype)
     peak = dev.peak_flops(dt)
 
-    weights, read, per_weight = weight_memory(cfg, dt, weight_bits, group_size, dev.kind)
+    weights, read, per_weight = weight_memory(cfg, dt, weight_bits, group_size, dev.kind, fmt)
     per_token = cfg.kv_bytes_per_token(dt)
     chunk = min(prompt_len, EngineConfig.max_num_batched_tokens)  # the engine prefills in steps of this many
     acts = activation_bytes(cfg, chunk, dtype=dt, logits_tokens=1)
@@ -254,11 +310,22 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
     tpot, tpot_formula = seconds(decode_cost(cfg, context_len, batch=concurrency, dtype=dt, weight_bytes=read),
                                  decode_flops_fraction)
 
-    kind = dt if weight_bits is None else f"int{weight_bits}" + (f", groups of {group_size}" * (weight_bits == 4))
+    if fmt is not None:
+        kind = f"{fmt.name}, {8 * weights / cfg.num_parameters():.2f} bits a weight"
+        weights_formula = (f"linear layers {8 * per_weight:.2f} bits a weight, embeddings {fmt.embedding_bits:g}, "
+                           f"lm_head {fmt.head_bits:g} ({fmt.name}; runs on: {fmt.needs})")
+    elif weight_bits is not None:
+        kind = (f"course INT{weight_bits}: QuantLinear" + f", groups of {group_size}" * (weight_bits == 4)
+                + f", {8 * per_weight:.1f} bits a weight incl. scales")
+        weights_formula = (f"linear layers {per_weight:.3f} bytes a weight (the course engine's QuantLinear: "
+                           f"int{weight_bits} codes + scales), embeddings and lm_head {bytes_per_value(dt)} ({dt})")
+    else:
+        kind = dt
+        weights_formula = f"{_count(cfg.num_parameters())} parameters x {bytes_per_value(dt)} bytes ({dt})"
+    used = Fractions(bandwidth_fraction, prefill_flops_fraction, decode_flops_fraction,
+                     f"given ({', '.join(given)}); the rest: {shares.source}" if given else shares.source)
     formulas = {
-        "weights": f"{_count(cfg.num_parameters())} parameters x {bytes_per_value(dt)} bytes ({dt})"
-                   if weight_bits is None else f"linear layers {per_weight:.3f} bytes a weight (QuantLinear: "
-                   f"int{weight_bits} codes + scales), embeddings and lm_head {bytes_per_value(dt)} ({dt})",
+        "weights": weights_formula,
         "KV cache per token": f"2 (K, V) x {cfg.num_layers} layers x {cfg.num_kv_heads} KV heads x {cfg.head_dim} "
                               f"x {bytes_per_value(dt)} bytes ({dt})",
         "KV cache": f"{_users(concurrency)} x {context_len:,} tokens x KV per token",
@@ -275,4 +342,5 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
     return Plan(model=cfg.name or "model", device=dev.name, dtype=dt, weights=kind, context_len=context_len,
                 concurrency=concurrency, prompt_len=prompt_len, weight_bytes=weights, kv_bytes_per_token=per_token,
                 activation_bytes=acts, memory_bytes=dev.memory_bytes, memory_utilization=memory_utilization,
-                max_concurrency=int(max_users), ttft_s=ttft, tpot_s=tpot, formulas=formulas)
+                max_concurrency=int(max_users), ttft_s=ttft, tpot_s=tpot, formulas=formulas,
+                weight_format=None if fmt is None else fmt.name, fractions=used)

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
-from ..planner import DEVICES, PRESETS, THIS_MACHINE, DeviceSpec, Plan, find_device, plan
+from ..planner import DEVICES, FORMATS, PRESETS, THIS_MACHINE, DeviceSpec, Plan, find_device, plan
 from ..profiling.memory import GiB
 from .kv_cache import plot_stacked_bars
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-QUANTIZATION = {"none": None, "int8": 8, "int4": 4}  # the widget's choices -> plan(weight_bits=...)
+# the widget's choices -> plan's weight arguments: the course engine's own INT8/INT4, then real formats
+QUANTIZATION: dict[str, dict] = {"none": {}, "int8": {"weight_bits": 8}, "int4": {"weight_bits": 4},
+                                 **{name: {"weight_format": name} for name in FORMATS}}
 
 
 def plot_memory_plan(plans: Plan | Mapping[str, Plan], title: str | None = None) -> Figure:
@@ -51,7 +53,7 @@ def planner_view(model: str, quantization: str, device: str | DeviceSpec, contex
     spec = find_device(device)
     if quantization not in QUANTIZATION:
         raise ValueError(f"quantization must be one of {list(QUANTIZATION)}, got {quantization!r}")
-    result = plan(model, spec, weight_bits=QUANTIZATION[quantization],
+    result = plan(model, spec, **QUANTIZATION[quantization],
                   context_len=context, concurrency=users)
     title = (f"{result.model} ({result.weights}) on {result.device}: {users:,} user{'s' if users != 1 else ''} "
              f"x {context:,} tokens")
