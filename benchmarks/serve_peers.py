@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     setup = setup_chapter(verbose=False)
     threads = int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1))
     print(setup.machine)
+    load_start = list(os.getloadavg())
     port = free_port()
     rows = run("course_lib", course_server(port, setup.device.type, max(args.users)), port, args)
     if llama_cpp_server_available():
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         print('llama.cpp skipped: pip install "llama-cpp-python[server]" (make bench-peers)')
     result = {"machine": setup.machine, "settings": {k: v for k, v in vars(args).items() if k != "json"},
+              "load_average": {"start": load_start, "end": list(os.getloadavg())},  # other programs on the host
               "rows": rows}
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     print(comparison_table(rows).to_string())
