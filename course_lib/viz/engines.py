@@ -80,7 +80,7 @@ def plot_engines(rows: Sequence[dict], title: str) -> Figure:
     for ax, label in ((left, "output tokens/s, all users"), (right, "TTFT p50 (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(frame.users.unique()), [str(u) for u in sorted(frame.users.unique())])
-        ax.set_xlabel("concurrent users (并发)")
+        ax.set_xlabel("concurrent users")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
