@@ -9,6 +9,7 @@ from course_lib.kv_cache import KVCache
 from course_lib.model import Transformer
 from course_lib.profiling import (activation_bytes, breakdown_frame, kv_bytes_per_token, kv_cache_bytes,
                                   kv_cache_report, memory_breakdown, process_memory, weight_bytes)
+from course_lib.profiling.memory import as_model_config
 
 SMALL = ModelConfig(vocab_size=320, hidden_size=64, intermediate_size=160, num_layers=3, num_heads=4, num_kv_heads=2)
 LLAMA_8B = {  # Llama-3.1-8B config.json, the fields that matter
@@ -53,6 +54,15 @@ def test_memory_breakdown_with_cache():
     assert frame.loc["total", "share"] == pytest.approx(1.0)
     from_config = memory_breakdown(LLAMA_8B, num_tokens=8192, batch=32, dtype="bfloat16")
     assert from_config["kv_cache"] == 32 * 2 ** 30
+
+
+def test_prefill_activations_count_logits_of_the_last_position_only():
+    # a prefill samples from the last position: logits for every prompt token would be a training forward
+    cfg = as_model_config({"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                           "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152})
+    engine = memory_breakdown(cfg, num_tokens=1024)["activations"]
+    assert engine == 1024 * (2 * 576 + 3 * 1536) * 4  # the MLP's working set: 22.5 MiB, not 1024 x vocab
+    assert memory_breakdown(cfg, num_tokens=1024, logits_tokens=None)["activations"] == 1024 * 49152 * 4
 
 
 def test_activation_estimate_grows_with_tokens():

@@ -41,14 +41,18 @@ def test_models_health_and_metric_names(server, client):
     text = httpx.get(server.url + "/metrics").text
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
                  "generation_tokens_total", "time_to_first_token_seconds_bucket",
-                 "time_per_output_token_seconds_bucket"):
+                 "inter_token_latency_seconds_bucket", "request_time_per_output_token_seconds_bucket",
+                 "e2e_request_latency_seconds_bucket"):
         assert f"course_lib:{name}" in text
+    assert "course_lib:time_per_output_token_seconds" not in text  # vLLM removed it; so do we
 
 
 def test_completion_equals_engine_greedy(llm, client, server):
     prompt = "The capital of France is"
     want = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
-    before = metric(server, "generation_tokens_total")
+    counts = ("generation_tokens_total", "inter_token_latency_seconds_count",
+              "request_time_per_output_token_seconds_count", "e2e_request_latency_seconds_count")
+    before, *counted = [metric(server, name) for name in counts]
     got = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0,
                                     extra_body={"ignore_eos": True})
     assert got.choices[0].text == want.outputs[0].text
@@ -56,6 +60,8 @@ def test_completion_equals_engine_greedy(llm, client, server):
     assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(want.prompt_token_ids), 12)
     assert got.usage.total_tokens == got.usage.prompt_tokens + 12
     assert metric(server, "generation_tokens_total") == before + 12
+    # ITL: one observation per gap (11); TPOT and end-to-end latency: one per request
+    assert [metric(server, name) - c for name, c in zip(counts[1:], counted)] == [11, 1, 1]
 
 
 def test_streaming_chat_equals_engine_chat(llm, client):

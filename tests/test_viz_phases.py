@@ -82,3 +82,15 @@ def test_prompt_cost_writes_the_ratio():
     assert "1.0x" in text and "5.0x" in text  # 10 decode steps of 50 ms against one 100 ms prefill
     with pytest.raises(ValueError):
         phases.plot_prompt_cost([1, 10], [0.05], 0.05)
+
+
+def test_ttft_and_tpot_panels_carry_every_series_and_floor():
+    import pandas as pd
+
+    per_len = pd.DataFrame({"ttft": [0.01, 0.02, 0.04], "tpot": [0.005, 0.005, 0.006]}, index=[32, 64, 128])
+    fig = phases.plot_ttft_and_tpot(per_len, [64, 512], [0.004, 0.005], [5, 10, 20], [2, 3], "cpu, float32")
+    left, right = fig.axes
+    assert "TTFT" in left.get_title() and "cpu, float32" in right.get_title()
+    labels = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
+    assert sum("roofline floor" in s for s in labels) == 2 and any("engine" in s for s in labels)
+    assert len(left.collections) == 1 and len(right.collections) == 2  # one scatter, then two

@@ -132,14 +132,16 @@ def process_memory(device: torch.device | str | None = "cpu") -> dict[str, int]:
 
 def memory_breakdown(model: nn.Module | ConfigLike, num_tokens: int, batch: int = 1,
                      dtype: torch.dtype | str | None = None, kv_cache: Any | None = None,
-                     kv_dtype: torch.dtype | str | None = None) -> dict[str, int]:
+                     kv_dtype: torch.dtype | str | None = None, logits_tokens: int | None = 1) -> dict[str, int]:
     """Bytes of weights, KV cache and activations for `batch` sequences of `num_tokens` tokens.
 
     `model` is a module (weights measured, config and dtype read from it) or a config
     (weights from the parameter count). With a `kv_cache` object (anything with `nbytes`)
     the KV entry is what it allocated and "kv_in_use" what `num_tokens` tokens fill;
     otherwise both are the formula. Activations are `activation_bytes` for a prefill of
-    `num_tokens`. Keys: weights, kv_cache, kv_in_use, activations, total.
+    `num_tokens` with logits for the last `logits_tokens` positions of each sequence: 1, as an inference
+    engine computes them (None: every position, as training does). Keys: weights, kv_cache, kv_in_use,
+    activations, total.
     """
     if isinstance(model, nn.Module):
         config = model.config
@@ -152,7 +154,7 @@ def memory_breakdown(model: nn.Module | ConfigLike, num_tokens: int, batch: int 
     kv_dtype = resolve_dtype(kv_dtype, kv_cache.k.dtype if hasattr(kv_cache, "k") else dtype)
     in_use = kv_cache_bytes(config, num_tokens, batch, kv_dtype)
     allocated = kv_cache.nbytes if kv_cache is not None else in_use
-    acts = activation_bytes(config, num_tokens, batch, dtype)
+    acts = activation_bytes(config, num_tokens, batch, dtype, logits_tokens)
     return {"weights": weights, "kv_cache": allocated, "kv_in_use": in_use,
             "activations": acts, "total": weights + allocated + acts}
 

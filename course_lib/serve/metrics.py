@@ -6,8 +6,15 @@
     course_lib:prompt_tokens_total         counter    prompt tokens of requests that were served
     course_lib:generation_tokens_total     counter    tokens generated
     course_lib:time_to_first_token_seconds histogram  arrival to first token (TTFT, 首字延迟)
-    course_lib:time_per_output_token_seconds histogram  (last token - first token) / (tokens - 1) (TPOT)
+    course_lib:inter_token_latency_seconds histogram  every gap between a request's consecutive tokens (ITL)
+    course_lib:request_time_per_output_token_seconds histogram  one per finished request:
+                                                      (last token - first token) / (tokens - 1) (TPOT)
+    course_lib:e2e_request_latency_seconds histogram  arrival to finish, one per finished request
     course_lib:request_success_total       counter    finished requests, by finish_reason
+
+ITL and TPOT differ in what one observation is: a slow step shows in the ITL histogram as one long gap
+per request it delayed, while in TPOT it is averaged into each request's mean. vLLM removed its older
+`time_per_output_token_seconds` (an ITL under a misleading name) for these two.
 
 Each server has its own registry, so tests can start several in one process.
 """
@@ -39,8 +46,13 @@ class ServerMetrics:
         self.generation_tokens = Counter(f"{PREFIX}generation_tokens", "Tokens generated.", **labels).labels(model)
         self.ttft = Histogram(f"{PREFIX}time_to_first_token_seconds", "Time to first token.",
                               buckets=LATENCY_BUCKETS, **labels).labels(model)
-        self.tpot = Histogram(f"{PREFIX}time_per_output_token_seconds", "Time per output token after the first.",
+        self.itl = Histogram(f"{PREFIX}inter_token_latency_seconds", "Gaps between a request's consecutive tokens.",
+                             buckets=LATENCY_BUCKETS, **labels).labels(model)
+        self.tpot = Histogram(f"{PREFIX}request_time_per_output_token_seconds",
+                              "Each finished request's mean time per output token after the first.",
                               buckets=LATENCY_BUCKETS, **labels).labels(model)
+        self.e2e = Histogram(f"{PREFIX}e2e_request_latency_seconds", "Arrival to finish of each request.",
+                             buckets=LATENCY_BUCKETS, **labels).labels(model)
         self._success = Counter(f"{PREFIX}request_success", "Finished requests.",
                                 labelnames=["model_name", "finished_reason"], registry=registry)
         self.model = model
@@ -53,9 +65,14 @@ class ServerMetrics:
             if out.metrics.ttft is not None:
                 self.ttft.observe(out.metrics.ttft)
         self.generation_tokens.inc(tokens - tokens_before)
+        times = out.metrics.token_times
+        for i in range(max(tokens_before, 1), min(tokens, len(times))):
+            self.itl.observe(times[i] - times[i - 1])
         if out.finished:
             if out.metrics.tpot is not None:
                 self.tpot.observe(out.metrics.tpot)
+            if out.metrics.e2e_latency is not None:
+                self.e2e.observe(out.metrics.e2e_latency)
             self._success.labels(self.model, out.outputs[0].finish_reason or "abort").inc()
         return tokens
 

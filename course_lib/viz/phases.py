@@ -7,6 +7,7 @@ the cost of a prompt, one request's timeline, time floors.
     plot_request_timeline(out.metrics, labels, n_prompt)  # prefill until the first token (TTFT), then a tick a token
     time_floors(point, ceilings)               # the fastest a step could run on each roof, next to its measured time
     plot_time_floors([prefill, decode], ceilings)
+    plot_ttft_and_tpot(per_len, contexts, step_s, prefill_floor_ms, decode_floor_ms, label)  # TTFT, TPOT vs length
 
 Matplotlib's default font has no CJK glyphs, so labels passed in should be ASCII (see `viz.sampling.token_label`).
 """
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     import numpy as np
+    import pandas as pd
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -237,5 +239,38 @@ def plot_time_floors(points: Sequence[RooflinePoint], ceilings: Ceilings, title:
     ax.set_title(title or "How close each step runs to each roof", fontsize=11)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, axis="x", which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ttft_and_tpot(per_len: "pd.DataFrame", contexts: Sequence[int], step_seconds: Sequence[float],
+                       prefill_floor_ms: Sequence[float], decode_floor_ms: Sequence[float], label: str,
+                       engine_context_offset: int = 4) -> Figure:
+    """Two panels: TTFT against prompt length (the engine, median per length) and TPOT against context length
+    (the model's decode step alone and the engine's), each with its roofline floor as a dotted line.
+
+    `per_len` has one row per prompt length (its index) with "ttft" and "tpot" in seconds; the engine's TPOT is
+    placed at prompt + `engine_context_offset` tokens, the middle of its decode steps' contexts."""
+    import matplotlib.pyplot as plt
+
+    from ..profiling.plots import plot_latency_vs_length
+
+    lengths = list(per_len.index)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.8))
+    plot_latency_vs_length(lengths, per_len["ttft"], ax=left, label="TTFT through the engine (median)",
+                           xlabel="prompt length (tokens)", ylabel="time to first token (ms)",
+                           title=f"TTFT against prompt length\n{label}")
+    left.plot(lengths, prefill_floor_ms, "k:", label="roofline floor of the prefill")
+    left.set_ylim(0, 1.6 * per_len["ttft"].max() * 1e3)  # room for the legend above the points
+    plot_latency_vs_length(contexts, step_seconds, ax=right, color="tab:green",
+                           label="model decode step alone (contiguous cache)",
+                           xlabel="context length (tokens in the KV cache)", ylabel="time per output token (ms)",
+                           title=f"TPOT against context length\n{label}")
+    plot_latency_vs_length([n + engine_context_offset for n in lengths], per_len["tpot"], ax=right,
+                           label="TPOT through the engine (paged cache, sampler; median)")
+    right.plot(contexts, decode_floor_ms, "k:", label="roofline floor of a decode step")
+    right.set_ylim(0, 1.6 * max(per_len["tpot"].max(), *step_seconds) * 1e3)
+    for ax in (left, right):
+        ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
