@@ -53,10 +53,11 @@ figures: setup
 bench: setup
 	$(PY) -m benchmarks.compare --json benchmarks/compare.json
 
-# Optional peers for `make bench`, never part of `make test`: llama.cpp through llama-cpp-python
+# Optional peers for `make bench` and `python -m benchmarks.serve_peers`, never part of `make test`: llama.cpp
+# through llama-cpp-python with its server (`python -m llama_cpp.server`)
 # (PyPI ships it as source: this compiles llama.cpp, several minutes on 2 cores; needs cmake and a C++ compiler).
 bench-peers: setup
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install llama-cpp-python
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install "llama-cpp-python[server]"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

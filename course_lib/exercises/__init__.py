@@ -18,9 +18,9 @@ def _export(module) -> None:
     __all__.extend(names)
 
 
-from . import (attention, batching, embeddings, kv_cache, positions, prefill_decode, profiling, quantization,  # noqa: E402
-               sampling, serving, tokenization, welcome)
+from . import (attention, batching, choosing, embeddings, kv_cache, positions, prefill_decode,  # noqa: E402
+               profiling, quantization, sampling, serving, tokenization, welcome)
 
 for _module in (welcome, tokenization, embeddings, positions, attention, sampling, prefill_decode, kv_cache, batching,
-                quantization, profiling, serving):
+                quantization, profiling, serving, choosing):
     _export(_module)

@@ -1,0 +1,89 @@
+"""The same client benchmark against several OpenAI-compatible servers (chapter 11), its table and its figure.
+
+    rows = sweep(base_url, "course_lib", users=(1, 4, 16), max_tokens=32)   # one row per number of users
+    saved = load_saved()                     # benchmarks/serve_peers.json: {"machine": ..., "rows": [...]}
+    comparison_table(rows + saved["rows"])   # TTFT, ITL, TPOT and tokens/s, engines side by side
+    plot_engines(rows, title=...)            # tokens/s and TTFT against users, one line per engine
+
+`benchmarks/serve_peers.py` starts the servers and saves a full run; a chapter runs `sweep` live on its own server.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ..serve.bench import benchmark, summarize
+
+SAVED = Path(__file__).resolve().parents[2] / "benchmarks" / "serve_peers.json"
+USERS = (1, 4, 16)
+
+
+def llama_cpp_server_available() -> bool:
+    """Whether `python -m llama_cpp.server` can start here: llama-cpp-python with its [server] extras."""
+    return all(importlib.util.find_spec(m) is not None
+               for m in ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings"))
+
+
+def sweep(base_url: str, engine: str, users: Sequence[int] = USERS, requests_per_user: int = 1,
+          max_tokens: int = 32, prompt_words: int = 40) -> list[dict]:
+    """`course_lib.serve.bench` at each number of concurrent users; one dict per run (seconds, tokens/s).
+
+    Each run sends `requests_per_user` x users greedy streaming requests, at most `users` at a time, and lets the
+    model stop on its own (no `ignore_eos`: not every server knows it). A server that sends no `usage` in its
+    stream (llama-cpp-python's) gets its output tokens counted as its content chunks, one token each there.
+    """
+    benchmark(base_url, concurrency=2, num_requests=2, max_tokens=4, ignore_eos=False)  # warm-up, not measured
+    rows = []
+    for n in users:
+        summary, records = benchmark(base_url, concurrency=n, num_requests=n * requests_per_user,
+                                     max_tokens=max_tokens, prompt_words=prompt_words, ignore_eos=False)
+        if any(r.output_tokens == 0 and r.chunk_times for r in records):
+            for r in records:
+                r.output_tokens = r.output_tokens or len(r.chunk_times)
+            summary = summarize(records, summary["duration"])
+        rows.append({"engine": engine, "users": n, **summary})
+    return rows
+
+
+def load_saved(path: Path | str = SAVED) -> dict | None:
+    """The last full run `benchmarks/serve_peers.py` saved ({"machine", "settings", "rows"}), or None."""
+    path = Path(path)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def comparison_table(rows: Sequence[dict]) -> pd.DataFrame:
+    """Users down, engines across: TTFT p50, ITL p50, TPOT p50 (ms) and output tokens/s (all users together)."""
+    frame = pd.DataFrame(rows)
+    table = pd.DataFrame({"engine": frame.engine, "users": frame.users,
+                          "TTFT p50 (ms)": (frame.ttft_p50 * 1e3).round(1),
+                          "ITL p50 (ms)": (frame.itl_p50 * 1e3).round(1),
+                          "TPOT p50 (ms)": (frame.tpot_p50 * 1e3).round(1),
+                          "tokens/s": frame.output_throughput.round(1),
+                          "failed": frame.failed})
+    return table.pivot(index="users", columns="engine").swaplevel(axis=1).sort_index(axis=1, level=0,
+                                                                                       sort_remaining=False)
+
+
+def plot_engines(rows: Sequence[dict], title: str) -> Figure:
+    """Left: output tokens/s (all users) against users; right: TTFT p50; one line per engine."""
+    frame = pd.DataFrame(rows)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for engine, part in frame.groupby("engine", sort=False):
+        left.plot(part.users, part.output_throughput, marker="o", label=engine)
+        right.plot(part.users, part.ttft_p50 * 1e3, marker="o", label=engine)
+    for ax, label in ((left, "output tokens/s, all users"), (right, "TTFT p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(frame.users.unique()), [str(u) for u in sorted(frame.users.unique())])
+        ax.set_xlabel("concurrent users")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
