@@ -37,6 +37,7 @@ RUNTIMES = {  # chapter number -> the Colab runtime to pick, and why
     "08": "T4 GPU, for the Triton INT8/INT4 kernels",
     "09": "T4 GPU, to profile on a GPU",
     "10": "CPU or T4 GPU",
+    "11": "CPU is enough (the planner is arithmetic; the benchmark runs where the chapter runs)",
 }
 
 
