@@ -33,6 +33,11 @@ from .protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, Sa
                        completion_body, new_id, parse_body, usage)
 
 
+def respond(error: OpenAIError, headers: dict | None = None) -> JSONResponse:
+    """`error` as OpenAI sends it: its body, with its status."""
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
 class EventStream(StreamingResponse):
     """Server-sent events whose generator is closed however the response ends, so a client that leaves
     aborts its request now rather than whenever the generator is garbage-collected."""
@@ -109,32 +114,30 @@ def create_app(llm: LLM, served_model_name: str = "SmolLM2-135M-Instruct", defau
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, e: OpenAIError):
-        return JSONResponse(e.body(), status_code=e.status)
+        return respond(e)
 
     @app.exception_handler(EngineDead)
     async def engine_dead(request: Request, e: EngineDead):
-        return JSONResponse(OpenAIError(str(e), status=e.status, type="server_error").body(), status_code=e.status)
+        return respond(OpenAIError(str(e), status=e.status, type="server_error"))
 
     @app.exception_handler(BodyTooLarge)
     async def body_too_large(request: Request, e: BodyTooLarge):
-        return Response(too_large(config.max_body_bytes), status_code=413, media_type="application/json")
+        return respond(too_large(config.max_body_bytes))
 
     @app.exception_handler(HTTPException)  # 404, 405 and whatever else Starlette answers itself
     async def http_error(request: Request, e: HTTPException):
-        message = f"{request.method} {request.url.path}: {e.detail}"
-        return JSONResponse(OpenAIError(message, status=e.status_code).body(), status_code=e.status_code,
-                            headers=e.headers)
+        return respond(OpenAIError(f"{request.method} {request.url.path}: {e.detail}", status=e.status_code),
+                       e.headers)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception):
-        body = OpenAIError(f"internal server error: {type(e).__name__}: {e}", status=500, type="server_error")
-        return JSONResponse(body.body(), status_code=500)
+        return respond(OpenAIError(f"internal server error: {type(e).__name__}: {e}", status=500, type="server_error"))
 
     @app.get("/health")
     async def health():
         """200 while the engine serves; 503 with the reason once a step has failed or the server stops."""
         if (error := engine.unavailable()) is not None:
-            return JSONResponse(OpenAIError(str(error), status=503, type="server_error").body(), status_code=503)
+            return respond(OpenAIError(str(error), status=503, type="server_error"))
         return {"status": "ok"}
 
     @app.get("/v1/models")

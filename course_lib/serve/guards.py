@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .protocol import OpenAIError
+
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 OPEN_PATHS = ("/health",)
@@ -51,13 +53,10 @@ class BodyTooLarge(Exception):
     """A body sent without Content-Length grew past the limit while it was read."""
 
 
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> bytes:
-    return json.dumps({"error": {"message": message, "type": type, "param": param, "code": code}}).encode()
-
-
-async def send_error(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    await send({"type": "http.response.start", "status": status,
+async def send_error(send: Send, error: OpenAIError, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """Answer with `error` and close the connection, without reading the request's body."""
+    body = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": error.status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close"), *headers]})
     await send({"type": "http.response.body", "body": body})
@@ -84,22 +83,22 @@ class Guard:
         cfg, path = self.config, scope["path"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if "*" not in cfg.allowed_hosts and host_name(headers.get("host", "")) not in cfg.allowed_hosts:
-            return await send_error(send, 400, error_body(
+            return await send_error(send, OpenAIError(
                 f"invalid Host header {headers.get('host', '')!r}: this server answers to "
                 f"{', '.join(cfg.allowed_hosts)} (start it with --allowed-hosts to add names)", code="invalid_host"))
         if cfg.api_key is not None and path not in OPEN_PATHS and not hmac.compare_digest(
                 headers.get("authorization", "").encode(), f"Bearer {cfg.api_key}".encode()):
-            return await send_error(send, 401, error_body(
-                "incorrect or missing API key: send it as 'Authorization: Bearer <key>'", code="invalid_api_key"),
-                [(b"www-authenticate", b"Bearer")])
+            return await send_error(send, OpenAIError(
+                "incorrect or missing API key: send it as 'Authorization: Bearer <key>'", status=401,
+                code="invalid_api_key"), [(b"www-authenticate", b"Bearer")])
         length = headers.get("content-length", "0")
         if not length.isdigit() or int(length) > cfg.max_body_bytes:
-            return await send_error(send, 413, too_large(cfg.max_body_bytes))
+            return await send_error(send, too_large(cfg.max_body_bytes))
         limited = cfg.limit_concurrency is not None and path.startswith("/v1/")
         if limited and self.open_requests >= cfg.limit_concurrency:
-            return await send_error(send, 503, error_body(
+            return await send_error(send, OpenAIError(
                 f"the server is at its limit of {cfg.limit_concurrency} open requests (--limit-concurrency); "
-                "retry later", type="server_error", code="too_many_requests"))
+                "retry later", status=503, type="server_error", code="too_many_requests"))
         self.open_requests += limited
         try:
             await self.app(scope, self._counting(receive), send)
@@ -121,6 +120,6 @@ class Guard:
         return counted
 
 
-def too_large(limit: int) -> bytes:
-    return error_body(f"the request body is larger than this server accepts ({limit} bytes; --max-body-bytes)",
-                      code="request_too_large")
+def too_large(limit: int) -> OpenAIError:
+    return OpenAIError(f"the request body is larger than this server accepts ({limit} bytes; --max-body-bytes)",
+                       status=413, code="request_too_large")
