@@ -43,31 +43,12 @@ def llama_cpp_server(port: int, threads: int) -> subprocess.Popen:
 def run(name: str, server: subprocess.Popen, port: int, args) -> list[dict]:
     base_url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_healthy(base_url, server) if name == "course_lib" else _wait_models(base_url, server)
+        wait_until_healthy(base_url, server, path="/health" if name == "course_lib" else "/v1/models")
         return sweep(base_url, name, users=args.users, requests_per_user=args.requests_per_user,
                      max_tokens=args.max_tokens, prompt_words=args.prompt_words)
     finally:
         server.terminate()
         server.wait(timeout=60)
-
-
-def _wait_models(base_url: str, server: subprocess.Popen, timeout: float = 120) -> None:
-    """llama-cpp-python's server has no /health: wait until /v1/models answers."""
-    import time
-
-    import httpx
-
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        if server.poll() is not None:
-            raise RuntimeError(f"llama.cpp's server exited with status {server.returncode}:\n{server.stdout.read()}")
-        try:
-            if httpx.get(base_url + "/v1/models", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"llama.cpp's server at {base_url} did not answer within {timeout:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -17,15 +17,17 @@ import uvicorn
 from fastapi import FastAPI
 
 
-def wait_until_healthy(base_url: str, process: subprocess.Popen | None = None, timeout: float = 120) -> float:
-    """Poll `base_url`/health until it answers 200; returns the seconds it took.
+def wait_until_healthy(base_url: str, process: subprocess.Popen | None = None, timeout: float = 120,
+                       path: str = "/health") -> float:
+    """Poll `base_url` + `path` until it answers 200; returns the seconds it took. (A server with no /health,
+    such as llama-cpp-python's, is ready when `path="/v1/models"` answers.)
 
     Raises if `timeout` passes or `process` (a server started with `python -m course_lib.serve`) exits first,
     with what it printed."""
     t0 = time.perf_counter()
     while True:
         try:
-            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
+            if httpx.get(base_url + path, timeout=1).status_code == 200:
                 return time.perf_counter() - t0
         except httpx.TransportError:
             pass
@@ -33,7 +35,7 @@ def wait_until_healthy(base_url: str, process: subprocess.Popen | None = None, t
             raise RuntimeError(f"the server exited with status {process.returncode}:\n"
                                + (process.stdout.read() if process.stdout else ""))
         if time.perf_counter() - t0 > timeout:
-            raise RuntimeError(f"the server at {base_url} did not answer /health within {timeout:.0f} s")
+            raise RuntimeError(f"the server at {base_url} did not answer {path} within {timeout:.0f} s")
         time.sleep(0.2)
 
 
