@@ -2,7 +2,8 @@
 import pytest
 
 from course_lib.exercises import check_best_format, check_itl_and_tpot, check_table_cell
-from course_lib.exercises.choosing import REQUESTS, reference_itl_and_tpot, reference_table_cell
+from course_lib.exercises.choosing import REQUESTS, reference_best_format, reference_itl_and_tpot, reference_table_cell
+from course_lib.planner import FORMATS
 from course_lib.planner.engines import DECISIONS, ENGINES, HARDWARE, USERS, decide, decision_table, placed_engines
 
 
@@ -19,8 +20,7 @@ def test_every_cell_names_a_known_engine_and_every_engine_is_placed():
 
 
 def test_formats_in_the_table_are_planner_formats():
-    formats = pytest.importorskip("course_lib.planner.formats")
-    assert {c.weight_format for c in DECISIONS.values()} <= set(formats.FORMATS)
+    assert {c.weight_format for c in DECISIONS.values()} <= set(FORMATS)
 
 
 def test_itl_and_tpot_reference_passes_and_mistakes_fail(capsys):
@@ -63,9 +63,6 @@ def test_stubs_are_not_attempted(capsys):
 
 
 def test_best_format_reference_passes_and_mistakes_fail(capsys):
-    pytest.importorskip("course_lib.planner.formats")
-    from course_lib.exercises.choosing import reference_best_format
-
     assert check_best_format(reference_best_format)
     assert not check_best_format(lambda *args: "q4_k_m")  # always the smallest common answer
     assert not check_best_format(lambda m, d, u, c: reference_best_format(m, d, 1, c))  # forgets the users' KV
