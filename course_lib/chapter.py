@@ -1,7 +1,7 @@
 """What the first cell of every chapter does: one device and dtype for the whole chapter, quiet libraries.
 
     setup = setup_chapter()   # Machine: AMD EPYC 7B13 · 2 cores · 8 GiB · torch 2.5.1 · cpu float32
-    llm = LLM(device=setup.device, dtype=setup.dtype)
+    llm = LLM(setup.model, device=setup.device, dtype=setup.dtype)
     ax.set_title(f"TTFT against prompt length, {setup.label}")
 """
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import socket
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,11 @@ import torch
 
 from .dtypes import resolve_device_dtype
 
+# The model chapters 05, 07, 08 and 09 load on a GPU when the Hub is reachable. The default 135M model is too small
+# for a GPU: a decode step is ~1,300 kernel launches against well under a millisecond of weight reading, so it is
+# launch-bound, not bandwidth-bound, and those chapters' lessons (the roofline, batching, INT4) would not show.
+# SmolLM2-1.7B-Instruct is the default model's big sibling: the same architecture and the same tokenizer.
+GPU_MODEL = "HuggingFaceTB/SmolLM2-1.7B-Instruct"
 
 @dataclass
 class ChapterSetup:
@@ -26,6 +32,7 @@ class ChapterSetup:
     dtype: torch.dtype
     threads: int
     name: str  # the processor or GPU
+    model: str | None = None  # what the chapter's LLM(...) loads: None = the default, SmolLM2-135M-Instruct
 
     @property
     def label(self) -> str:
@@ -70,20 +77,46 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
+def hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub answers (a TCP connection), unless HF_HUB_OFFLINE says not to try."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def chapter_model(device: torch.device, gpu_model: str | None = None) -> str | None:
+    """The model a chapter loads: COURSE_MODEL if set ("default" = the shipped model), else `gpu_model` on CUDA
+    when the Hub is reachable, else None (the default model, offline)."""
+    chosen = os.environ.get("COURSE_MODEL", "").strip()
+    if chosen:
+        return None if chosen == "default" else chosen
+    if gpu_model is not None and device.type == "cuda" and hub_reachable():
+        return gpu_model
+    return None
+
+
 def setup_chapter(device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
-                  seed: int = 0, verbose: bool = True) -> ChapterSetup:
-    """Pick the chapter's device ("cuda" when present, else the CPU) and the engine's dtype for it,
+                  seed: int = 0, verbose: bool = True, gpu_model: str | None = None) -> ChapterSetup:
+    """Pick the chapter's device ("cuda" when present, else the CPU), the engine's dtype for it and the model,
     seed torch, quiet the libraries, and print the machine and the choice in one line (`ChapterSetup.machine`).
 
     The environment variables COURSE_DEVICE and COURSE_DTYPE override the defaults (not explicit arguments):
     a test runs a chapter in bfloat16 on the CPU, as a stand-in for a GPU's dtype, with COURSE_DTYPE=bfloat16.
+    `gpu_model` (say `GPU_MODEL`): the model to use on CUDA with a network; COURSE_MODEL overrides it anywhere
+    (a Hub id, a local directory or .gguf file, or "default"). A chapter on another model prints which.
     """
     quiet_libraries()
     device = device if device is not None else os.environ.get("COURSE_DEVICE") or None
     dtype = dtype if dtype is not None else os.environ.get("COURSE_DTYPE") or None
     dev, dt = resolve_device_dtype(device, dtype)
-    setup = ChapterSetup(dev, dt, torch.get_num_threads(), processor_name(dev))
+    setup = ChapterSetup(dev, dt, torch.get_num_threads(), processor_name(dev), chapter_model(dev, gpu_model))
     torch.manual_seed(seed)
     if verbose:
         print(setup.machine)
+        if setup.model is not None:
+            print(f"Model: {setup.model} (COURSE_MODEL=default keeps the course's SmolLM2-135M-Instruct)")
     return setup

@@ -55,3 +55,18 @@ def test_points_plot_and_profile(tmp_path):
 def test_cuda_ceilings():
     c = measure_ceilings("cuda", "bfloat16", repeats=3)
     assert c.peak_flops > 1e12 and c.bandwidth > 1e11
+
+
+def test_prefill_length_reaches_the_asked_intensity_with_the_shortest_doubling():
+    model = Transformer(SMALL).eval()  # max_position_embeddings bounds the search
+    from course_lib.profiling import prefill_tokens_for_intensity
+    from course_lib.profiling.flops import prefill_cost
+    from course_lib.profiling.roofline import weights_read
+
+    def intensity(n):
+        return prefill_cost(SMALL, n, dtype=model.dtype, weight_bytes=weights_read(model), logits_tokens=1).intensity
+
+    target = intensity(64) * 1.01  # just past 64 tokens: 128 is the first doubling from 16 to reach it
+    n = prefill_tokens_for_intensity(model, target, start=16)
+    assert n == 128 and intensity(n) >= target > intensity(n // 2)
+    assert prefill_tokens_for_intensity(model, 1e9, start=16) is None  # no prompt the model takes gets there

@@ -158,6 +158,19 @@ def measure_decode(model: torch.nn.Module, context_len: int = 512, batch: int = 
     return RooflinePoint(f"decode b={batch} ctx {context_len}", cost, timing)
 
 
+def prefill_tokens_for_intensity(model: torch.nn.Module, intensity: float, start: int = 512) -> int | None:
+    """The shortest prompt, doubling from `start` up to the model's context, whose prefill (as `measure_prefill`
+    counts it) reaches `intensity` FLOP/byte; None if none does. Compute-bound on a machine means right of its
+    ridge point with a margin: a fixed length can fall left of a GPU's ridge (an L4's, an H100 PCIe's)."""
+    n, limit = start, model.config.max_position_embeddings
+    while n <= limit:
+        if prefill_cost(model.config, n, dtype=model.dtype, weight_bytes=weights_read(model),
+                        logits_tokens=1).intensity >= intensity:
+            return n
+        n *= 2
+    return None
+
+
 def weights_read(model: torch.nn.Module) -> int:
     """Bytes of weights a step reads: all of them, less the input embedding table (only rows are gathered)
     unless the lm_head multiplies by that very table (tied, not packed into a copy of its own), and less
