@@ -6,6 +6,7 @@ triton (and these kernels) already.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -14,14 +15,27 @@ import torch.nn as nn
 
 from course_lib.quant import QuantLinear
 
-# (method, group_size, in_features, out_features, x shape prefix): padded groups, ragged tiles, decode and prefill
+# (method, group_size, in_features, out_features, x shape prefix): rows 1, 3, 16 (decode: split K) and 40
+# (prefill: one slice) on SmolLM2's 576x576 and its 1536->576 down projection; 576 = 4.5 groups of 128 and
+# 200 = 3.125 groups of 64 (the kernel must stop at the real width); 72 outputs = 2.25 column tiles; groups of 8 (tl.dot needs 16: the multiply-and-sum path)
+# and 48 (three 16-wide steps a group); a [2, 8] prefix is 16 rows.
 CASES = [
-    ("int8", 0, 96, 80, (3,)),
-    ("int8", 0, 200, 64, (1,)),
-    ("int4", 128, 576, 80, (2, 3)),  # 576 = 4.5 groups: the kernel must stop at the real width
-    ("int4", 32, 96, 64, (1,)),
-    ("int4", 64, 200, 48, (5,)),
+    ("int4", 128, 576, 576, (1,)),
+    ("int4", 128, 576, 576, (40,)),
+    ("int8", 0, 576, 576, (3,)),
+    ("int8", 0, 1536, 576, (1,)),
+    ("int4", 128, 1536, 576, (16,)),
+    ("int8", 0, 1536, 576, (40,)),
+    ("int8", 0, 200, 72, (2, 8)),
+    ("int8", 0, 200, 72, (40,)),
+    ("int4", 64, 200, 72, (1,)),
+    ("int4", 64, 200, 72, (3,)),
+    ("int4", 64, 200, 72, (40,)),
+    ("int4", 8, 96, 40, (1,)),
+    ("int4", 8, 96, 40, (40,)),
+    ("int4", 48, 96, 40, (3,)),
 ]
+DEFAULT_LAYERS = [(576, 576), (960, 576), (3072, 576), (576, 1536)]  # (out, in): o, fused qkv, gate/up, down
 
 
 def _layers(method: str, group_size: int, k: int, n: int, seed: int) -> tuple[QuantLinear, QuantLinear]:
@@ -35,6 +49,10 @@ def _layers(method: str, group_size: int, k: int, n: int, seed: int) -> tuple[Qu
 
 def check_triton_against_torch(device: str, dtype: torch.dtype = torch.float32, rtol: float = 1e-4) -> float:
     """Worst relative error of the Triton path against the PyTorch path; raises past `rtol`."""
+    from course_lib.quant.triton_kernels import plan_launch
+
+    splits = {plan_launch(math.prod(prefix), k, n, g).split_k for _, g, k, n, prefix in CASES}
+    assert min(splits) == 1 and max(splits) > 1, f"the cases must run both kernels' paths, got splits {splits}"
     worst = 0.0
     for seed, (method, g, k, n, prefix) in enumerate(CASES):
         ref, tri = (m.to(device) for m in _layers(method, g, k, n, seed))
@@ -43,7 +61,7 @@ def check_triton_against_torch(device: str, dtype: torch.dtype = torch.float32, 
         got = tri(x)
         assert got.dtype == dtype and got.shape == (*prefix, n)
         rel = ((got.float() - want).abs().max() / want.abs().max()).item()
-        assert rel <= rtol, f"{method} g={g} {k}->{n}: relative error {rel:.2e} > {rtol}"
+        assert rel <= rtol, f"{method} g={g} {k}->{n} x{prefix} {dtype}: relative error {rel:.2e} > {rtol}"
         worst = max(worst, rel)
     return worst
 
@@ -65,6 +83,47 @@ def check_wrapper_rejects_bad_inputs(device: str) -> None:
         int4_linear(torch.randn(2, 64, device=device), packed.to(torch.int8), s, m, 64)
     with pytest.raises(ValueError, match="do not fit"):
         int4_linear(torch.randn(2, 64, device=device), packed, s[:, :1].expand(32, 3), m, 64)
+
+
+def test_decode_grid_fills_the_gpu():
+    pytest.importorskip("triton")
+    from course_lib.quant.triton_kernels import plan_launch
+
+    for g in (0, 128):  # INT8, INT4
+        one_row = plan_launch(1, 576, 576, g)
+        assert one_row.split_k > 1 and one_row.programs >= 32, one_row  # 64-column tiles alone give 9 programs
+    for out, k in DEFAULT_LAYERS:
+        for g in (0, 32, 128):
+            for rows in (1, 3, 16):
+                plan = plan_launch(rows, k, out, g)
+                assert plan.programs >= 64, f"{rows} rows, {out}x{k}, group {g}: {plan}"
+
+
+@pytest.mark.parametrize("rows", [17, 40, 64, 512])
+def test_prefill_keeps_one_k_slice(rows):
+    pytest.importorskip("triton")
+    from course_lib.quant.triton_kernels import plan_launch
+
+    for out, k in DEFAULT_LAYERS:
+        plan = plan_launch(rows, k, out, 128)
+        assert plan.split_k == 1 and plan.grid[2] == 1 and plan.k_per_split >= k, plan
+
+
+@pytest.mark.parametrize("group_size", [0, 2, 8, 32, 48, 128, 256])
+def test_plan_tiles_cover_the_layer_once(group_size):
+    pytest.importorskip("triton")
+    from course_lib.quant.triton_kernels import plan_launch
+
+    for rows in (1, 5, 16, 17, 100):
+        for k in (group_size or 16, 200, 576, 1536, 4000):
+            for out in (8, 72, 576, 3072):
+                p = plan_launch(rows, k, out, group_size)
+                assert p.grid == (-(-rows // p.block_m), -(-out // p.block_n), p.split_k), p
+                assert p.split_k * p.k_per_split >= k > (p.split_k - 1) * p.k_per_split, p  # no empty slice
+                assert p.k_per_split % p.block_k == 0 and p.block_k & (p.block_k - 1) == 0, p
+                if group_size:  # whole groups a slice, no K step across two groups
+                    assert p.k_per_split % group_size == 0 and group_size % p.block_k == 0, p
+                assert p.block_k >= 16 or group_size % (2 * p.block_k), p  # small only when the group forces it
 
 
 def test_triton_kernels_match_torch_interpreted(run_triton_interpreted):

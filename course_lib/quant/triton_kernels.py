@@ -1,14 +1,34 @@
 """Triton kernels for weight-only INT8 and INT4 linear layers: dequantize inside the matmul.
 
-Each program computes a [BLOCK_M, BLOCK_N] tile of y = x @ W^T. It walks the input dimension
-in steps of BLOCK_K, loads the *quantized* weight tile (1 byte or half a byte a weight),
-turns it into floats in registers, and feeds it to `tl.dot`. The float weight never exists
-in memory, which is the point: a decode step reads 4x (INT8) or ~7x (INT4) fewer weight
-bytes than float32, and decode is bound by those bytes.
+Each program computes a [BLOCK_M, BLOCK_N] tile of y = x @ W^T over one slice of the input
+dimension K. It walks its slice in steps of BLOCK_K, loads the *quantized* weight tile (1 byte
+or half a byte a weight), turns it into floats in registers, and feeds it to `tl.dot`. The float
+weight never exists in memory, which is the point: a decode step reads 4x (INT8) or ~7x (INT4)
+fewer weight bytes than float32, and decode is bound by those bytes.
 
-    INT8: acc += x_tile @ q_tile            then y = acc * scale[n]   (one scale per row: factor it out)
-    INT4: w_tile = code * scale[n, g] + min[n, g]   (g = k // group_size, codes unpacked from nibbles)
-          acc += x_tile @ w_tile
+    INT8: acc += x_tile @ q_tile                 then y = acc * scale[n]   (one scale per row: factor it out)
+    INT4: for each group g of the slice:  scale[n, g], min[n, g]   loaded once, a [BLOCK_N] vector each
+              for each BLOCK_K step inside g:  w_tile = code * scale + min   (broadcast down the K axis)
+                                               acc += x_tile @ w_tile
+
+The grid is (row tiles, column tiles, K slices). Prefill (many rows) has enough row x column
+tiles to fill a GPU, so it takes one slice (no split). Decode (1-16 rows) has a single row
+tile, and a 576-wide layer cut into 64-column tiles gives 9 programs for a GPU with over a
+hundred SMs; so decode takes narrower column tiles and splits K ("split-K"):
+
+            K (in_features) ->                        slice 0     slice 1     slice 2
+          +-----------+-----------+-----------+      +---------+ +---------+ +---------+
+    N  t0 | prog 0,0  | prog 0,1  | prog 0,2  |      | partial | | partial | | partial |  [S, M, N] float32
+    |  t1 | prog 1,0  | prog 1,1  | prog 1,2  |  ->  |  sums   | |  sums   | |  sums   |
+    v  .. |    ...    |    ...    |    ...    |      +---------+ +---------+ +---------+
+          +-----------+-----------+-----------+              \       |       /
+           each program: x[:, slice] @ W[tile, slice]^T        y = sum over slices (torch), cast
+
+Every program writes its float32 partial tile to its own plane of a [split, M, N] buffer, and
+`torch.sum` over the planes adds them up afterwards: no atomics, so the result is the same on
+every run (an atomic_add would add the slices in whatever order they finish). The buffer is
+split * M * N floats, small next to the weight when M <= 16. `plan_launch` picks the tiles and
+the split from the layer's shape alone, so tests can check the grid without a GPU.
 
 The PyTorch twins are `int8.dequantize_int8` / `int4.dequantize_int4` followed by `F.linear`;
 `tests/test_quant_triton.py` compares the two under TRITON_INTERPRET=1, which must be set
@@ -18,61 +38,120 @@ on CUDA only; float32 and float16 are checked in both places.
 """
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SPLIT_K_MAX_ROWS = 16  # up to this many rows a step is decode-like: one row tile, split K
+TARGET_PROGRAMS = 128  # about one program per SM of a datacenter GPU (an H100 has 132)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Tile sizes and K split of one kernel launch; the grid is (row tiles, column tiles, split_k)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int  # K slices, each summed by its own programs
+    k_per_split: int  # input columns per slice: a multiple of block_k, and of group_size for INT4
+    grid: tuple[int, int, int]
+
+    @property
+    def programs(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+
+def _largest_pow2_divisor(n: int, cap: int) -> int:
+    return min(n & -n, cap)  # n & -n: the lowest set bit of n
+
+
+def plan_launch(rows: int, in_features: int, out_features: int, group_size: int = 0) -> LaunchPlan:
+    """Tiles and K split for `rows` x `in_features` times a [out_features, in_features] weight.
+
+    group_size 0 means INT8 (one scale per row); otherwise INT4 with that group size, whose
+    BLOCK_K divides the group (so a K step never straddles two groups) and whose K slices hold
+    whole groups. Up to SPLIT_K_MAX_ROWS rows, K is split until the grid has about
+    TARGET_PROGRAMS programs (never an empty slice); beyond, one slice."""
+    if min(rows, in_features, out_features) < 1 or group_size < 0:
+        raise ValueError(f"need positive sizes, got rows={rows} in={in_features} out={out_features} group={group_size}")
+    decode = rows <= SPLIT_K_MAX_ROWS
+    block_m = 16 if decode else 32  # 16: the smallest tile tl.dot takes
+    block_n = 32 if decode else 64  # decode: narrower tiles, twice the programs
+    block_k = 64 if decode else 32  # the same tile area, block_k x block_n, either way
+    if group_size:
+        block_k = _largest_pow2_divisor(group_size, block_k)
+    chunk = group_size or block_k  # the unit a K slice is made of
+    chunks = math.ceil(in_features / chunk)
+    tiles = math.ceil(rows / block_m) * math.ceil(out_features / block_n)
+    wanted = min(chunks, math.ceil(TARGET_PROGRAMS / tiles)) if decode else 1
+    per_split = math.ceil(chunks / wanted)  # chunks a slice
+    split_k = math.ceil(chunks / per_split)  # drops slices that would be empty
+    grid = (math.ceil(rows / block_m), math.ceil(out_features / block_n), split_k)
+    return LaunchPlan(block_m, block_n, block_k, split_k, per_split * chunk, grid)
+
+
+@triton.jit
+def _dot(x, w, PRECISION: tl.constexpr):
+    """x [BM, BK] @ w [BK, BN] in float32; tl.dot needs BK >= 16, smaller (INT4 groups of 2-8) multiply and sum."""
+    if x.shape[1] >= 16:
+        return tl.dot(x, w.to(x.dtype), input_precision=PRECISION)
+    return tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)  # [BM, BK, BN] -> [BM, BN]
 
 
 @triton.jit
 def _int8_linear_kernel(
-    x_ptr, q_ptr, scale_ptr, y_ptr, M, N, K,
-    stride_xm, stride_qn, stride_ym,
+    x_ptr, q_ptr, scale_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+    stride_xm, stride_qn, stride_ys, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # rows of x
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output features
+    k_lo = tl.program_id(2) * K_PER_SPLIT  # this program's K slice: [k_lo, k_lo + K_PER_SPLIT)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
                     mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)  # [BM, BK]
         q = tl.load(q_ptr + rn[None, :] * stride_qn + rk[:, None],
                     mask=(rn[None, :] < N) & (rk[:, None] < K), other=0)  # [BK, BN] int8
-        acc += tl.dot(x, q.to(x.dtype), input_precision=PRECISION)  # int8 codes are exact in fp16/bf16/fp32
+        acc += _dot(x, q, PRECISION)  # int8 codes are exact in fp16/bf16/fp32
     scale = tl.load(scale_ptr + rn, mask=rn < N, other=0.0)  # [BN]
-    y = acc * scale[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    y = acc * scale[None, :]  # scaling each slice's partial sum is the same as scaling their total
+    tl.store(y_ptr + tl.program_id(2) * stride_ys + rm[:, None] * stride_ym + rn[None, :],
+             y.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 @triton.jit
 def _int4_linear_kernel(
-    x_ptr, packed_ptr, scale_ptr, min_ptr, y_ptr, M, N, K, n_groups,
-    stride_xm, stride_pn, stride_ym,
+    x_ptr, packed_ptr, scale_ptr, min_ptr, y_ptr, M, N, K, n_groups, GROUPS_PER_SPLIT,
+    stride_xm, stride_pn, stride_ys, stride_ym,
     GROUP_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    g_lo = tl.program_id(2) * GROUPS_PER_SPLIT  # this program's slice: whole groups
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):  # K is the real width: padded columns are never read
-        rk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
-                    mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)  # [BM, BK]
-        w_mask = (rn[None, :] < N) & (rk[:, None] < K)
-        byte = tl.load(packed_ptr + rn[None, :] * stride_pn + (rk // 2)[:, None], mask=w_mask, other=0)  # [BK, BN]
-        code = (byte >> ((rk % 2) * 4)[:, None]) & 0x0F  # even k: low nibble, odd k: high nibble
-        g = rk // GROUP_SIZE
-        scale = tl.load(scale_ptr + rn[None, :] * n_groups + g[:, None], mask=w_mask, other=0.0)  # [BK, BN]
-        low = tl.load(min_ptr + rn[None, :] * n_groups + g[:, None], mask=w_mask, other=0.0)  # [BK, BN]
-        w = code.to(tl.float32) * scale + low  # [BK, BN], the dequantized tile, in registers only
-        acc += tl.dot(x, w.to(x.dtype), input_precision=PRECISION)
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    for g in range(g_lo, tl.minimum(g_lo + GROUPS_PER_SPLIT, n_groups)):
+        scale = tl.load(scale_ptr + rn * n_groups + g, mask=rn < N, other=0.0)  # [BN], once per group
+        low = tl.load(min_ptr + rn * n_groups + g, mask=rn < N, other=0.0)  # [BN]
+        for kk in range(0, GROUP_SIZE, BLOCK_K):  # BLOCK_K divides GROUP_SIZE
+            rk = g * GROUP_SIZE + kk + tl.arange(0, BLOCK_K)  # K is the real width: padded columns are never read
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
+                        mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)  # [BM, BK]
+            byte = tl.load(packed_ptr + rn[None, :] * stride_pn + (rk // 2)[:, None],
+                           mask=(rn[None, :] < N) & (rk[:, None] < K), other=0)  # [BK, BN]
+            code = (byte >> ((rk % 2) * 4)[:, None]) & 0x0F  # even k: low nibble, odd k: high nibble
+            w = code.to(tl.float32) * scale[None, :] + low[None, :]  # [BK, BN], dequantized in registers only
+            acc += _dot(x, w, PRECISION)
+    tl.store(y_ptr + tl.program_id(2) * stride_ys + rm[:, None] * stride_ym + rn[None, :],
+             acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 def interpreting() -> bool:
@@ -93,13 +172,20 @@ def _check_input(x: torch.Tensor, in_features: int, *weights: torch.Tensor) -> N
             raise ValueError(f"x is on {x.device} but a weight tensor is on {t.device}")
 
 
-def _launch_shape(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def _outputs(x: torch.Tensor, n: int, plan: LaunchPlan) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """x as [M, K], the buffer the kernel writes ([split, M, N]; float32 partial sums when split), its meta."""
     x2 = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K]
-    y = torch.empty(x2.shape[0], n, device=x.device, dtype=x.dtype)  # [M, N]
-    block_m = 16 if x2.shape[0] <= 16 else 32  # decode is M = 1: do not waste a 64-row tile
-    meta = dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=32,
+    dtype = torch.float32 if plan.split_k > 1 else x.dtype
+    out = torch.empty(plan.split_k, x2.shape[0], n, device=x.device, dtype=dtype)  # [S, M, N]
+    meta = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
                 PRECISION="ieee" if x.dtype == torch.float32 else "tf32")  # fp32: no TF32 rounding
-    return x2, y, meta
+    return x2, out, meta
+
+
+def _reduce(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """[S, M, N] -> y [..., N] in x's dtype: add the K slices' partial sums (a fixed order: deterministic)."""
+    y = out[0] if out.shape[0] == 1 else out.sum(0).to(x.dtype)  # [M, N]
+    return y.view(*x.shape[:-1], out.shape[-1])  # [..., N]
 
 
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -111,11 +197,11 @@ def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> t
     _check_input(x, codes.shape[1], codes, scales)
     n, k = codes.shape
     codes, scales = codes.contiguous(), scales.float().contiguous()
-    x2, y, meta = _launch_shape(x, n)
-    grid = (triton.cdiv(x2.shape[0], meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
-    _int8_linear_kernel[grid](x2, codes, scales, y, x2.shape[0], n, k,
-                              x2.stride(0), codes.stride(0), y.stride(0), **meta)
-    return y.view(*x.shape[:-1], n)  # [..., N]
+    plan = plan_launch(math.prod(x.shape[:-1]) or 1, k, n)
+    x2, out, meta = _outputs(x, n, plan)
+    _int8_linear_kernel[plan.grid](x2, codes, scales, out, x2.shape[0], n, k, plan.k_per_split,
+                                   x2.stride(0), codes.stride(0), out.stride(0), out.stride(1), **meta)
+    return _reduce(out, x)
 
 
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
@@ -130,10 +216,12 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, min
         raise ValueError(f"in_features {in_features} exceeds the {padded} packed columns")
     _check_input(x, in_features, packed, scales, mins)
     n_groups = scales.shape[1]
+    group_size = padded // n_groups
     packed, scales, mins = packed.contiguous(), scales.float().contiguous(), mins.float().contiguous()
-    x2, y, meta = _launch_shape(x, n)
-    grid = (triton.cdiv(x2.shape[0], meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
-    _int4_linear_kernel[grid](x2, packed, scales, mins, y, x2.shape[0], n, in_features, n_groups,
-                              x2.stride(0), packed.stride(0), y.stride(0),
-                              GROUP_SIZE=padded // n_groups, **meta)
-    return y.view(*x.shape[:-1], n)  # [..., N]
+    plan = plan_launch(math.prod(x.shape[:-1]) or 1, in_features, n, group_size)
+    x2, out, meta = _outputs(x, n, plan)
+    _int4_linear_kernel[plan.grid](x2, packed, scales, mins, out, x2.shape[0], n, in_features, n_groups,
+                                   plan.k_per_split // group_size,
+                                   x2.stride(0), packed.stride(0), out.stride(0), out.stride(1),
+                                   GROUP_SIZE=group_size, **meta)
+    return _reduce(out, x)
