@@ -16,19 +16,22 @@ tiles to fill a GPU, so it takes one slice (no split). Decode (1-16 rows) has a 
 tile, and a 576-wide layer cut into 64-column tiles gives 9 programs for a GPU with over a
 hundred SMs; so decode takes narrower column tiles and splits K ("split-K"):
 
-            K (in_features) ->                        slice 0     slice 1     slice 2
+      W [N, K], one program per (column tile, K slice)      one [M, N] plane per slice
+              slice 0     slice 1     slice 2
           +-----------+-----------+-----------+      +---------+ +---------+ +---------+
     N  t0 | prog 0,0  | prog 0,1  | prog 0,2  |      | partial | | partial | | partial |  [S, M, N] float32
     |  t1 | prog 1,0  | prog 1,1  | prog 1,2  |  ->  |  sums   | |  sums   | |  sums   |
     v  .. |    ...    |    ...    |    ...    |      +---------+ +---------+ +---------+
           +-----------+-----------+-----------+              \       |       /
-           each program: x[:, slice] @ W[tile, slice]^T        y = sum over slices (torch), cast
+                    K (in_features) ->                  y = sum over slices (torch), cast
+       each program: x[:, slice] @ W[tile, slice]^T
 
 Every program writes its float32 partial tile to its own plane of a [split, M, N] buffer, and
 `torch.sum` over the planes adds them up afterwards: no atomics, so the result is the same on
 every run (an atomic_add would add the slices in whatever order they finish). The buffer is
-split * M * N floats, small next to the weight when M <= 16. `plan_launch` picks the tiles and
-the split from the layer's shape alone, so tests can check the grid without a GPU.
+split * M * N floats: for one row a few percent of the weight's bytes, at 16 rows of a 576-wide
+INT4 layer about as many. `plan_launch` picks the tiles and the split from the layer's shape
+alone, so tests can check the grid without a GPU.
 
 The PyTorch twins are `int8.dequantize_int8` / `int4.dequantize_int4` followed by `F.linear`;
 `tests/test_quant_triton.py` compares the two under TRITON_INTERPRET=1, which must be set
