@@ -1,4 +1,4 @@
-"""The default KV budget: max_num_seqs x max_model_len, capped by the device (512 MiB on the CPU, 0.9 of free CUDA memory)."""
+"""The default KV budget: max_num_seqs x max_model_len, capped (512 MiB on the CPU, half of free CUDA memory)."""
 from __future__ import annotations
 
 import pytest

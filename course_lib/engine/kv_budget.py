@@ -1,15 +1,16 @@
 """The KV cache a default engine reserves: what its seats can use, within what the device can spare.
 
-    need  = max_num_seqs x ceil(max_model_len / block_size) x bytes_per_block
-    cap   = CPU_KV_CACHE_BYTES on the CPU;  GPU_KV_CACHE_MAX_FRACTION x free memory on CUDA
+    need   = max_num_seqs x ceil(max_model_len / block_size) x bytes_per_block
+    cap    = CPU_KV_CACHE_BYTES on the CPU;  GPU_KV_CACHE_MAX_FRACTION x free memory on CUDA
     budget = min(need, cap)
 
 vLLM sizes its cache the other way round: `gpu_memory_utilization` (0.9 by default) of the whole card,
-minus weights and activations, all of it KV blocks, because a vLLM server owns its GPU. A course notebook
-does not: it holds a `transformers` reference, a second engine or a quantized copy in the same process,
-often on a 16 GB T4. So a default `LLM()` here reserves only what `max_num_seqs` sequences of
-`max_model_len` tokens can fill, and a chapter that wants a fixed pool still passes `kv_cache_memory=`
-(bytes, or a fraction of free GPU memory).
+minus weights and profiled activations, all of it KV blocks, because a vLLM server owns its GPU. A course
+notebook does not: it holds a `transformers` reference, a second engine (chapter 08 starts an INT4 one
+beside its float one) or a quantized copy in the same process, often on a 16 GB T4. So a default `LLM()`
+here reserves only what `max_num_seqs` sequences of `max_model_len` tokens can fill, and never more than
+half of the free memory, which leaves room for a second model. A chapter that wants a fixed pool passes
+`kv_cache_memory=` (bytes, or a fraction of free GPU memory, 0.9 as vLLM would).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ..attention.paged import PagedKVCache
 from ..config import ModelConfig
 
 CPU_KV_CACHE_BYTES = 512 * 2**20  # the most a default engine reserves on the CPU
-GPU_KV_CACHE_MAX_FRACTION = 0.9  # the most a default engine reserves on CUDA: this share of the free memory
+GPU_KV_CACHE_MAX_FRACTION = 0.5  # the most a default engine reserves on CUDA: this share of the free memory
 
 
 def free_device_memory(device: torch.device) -> int:
