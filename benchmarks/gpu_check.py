@@ -6,23 +6,27 @@
 1. The machine: GPU, compute capability, memory, versions, and the dtype the engine's policy picks
    (`course_lib.dtypes.default_dtype`: bfloat16 from Ampere on, float16 on a T4).
 2. The engine against `transformers` on random weights of two real shapes, built here (no downloads):
-   SmolLM2-135M (the default model) and Llama-3.2-1B. Both read the same tensors. For float32 and the
-   policy's dtype: the logits of one 48-token prompt, and 24 greedy tokens through the engine's paged
-   cache, each of which must be the reference's greedy choice up to the dtype's rounding (TOLERANCE).
+   SmolLM2-135M (the default model) and Llama-3.2-1B. Both read the same tensors. In float32, float16 and
+   bfloat16 (where the GPU has it natively): the logits of one 48-token prompt, and 24 greedy tokens through
+   the engine's paged cache, each of which must be the reference's greedy choice up to the dtype's rounding
+   (TOLERANCE).
 3. The Triton kernels (paged decode attention, `course_lib.accel.triton_paged`; INT8/INT4 matmuls) against their
    PyTorch twins (`course_lib.attention.paged.paged_decode_attention`; the checks of tests/test_quant_triton.py),
    on the GPU (with --cpu, in Triton's interpreter, float32 and float16). On the GPU also `pytest -m cuda`.
 4. Speed, side by side in one run, in the policy's dtype: batch-1 decode for the engine (`accel=True`) and for
-   `transformers` `generate`, with the GB/s it implies and its fraction of the measured bandwidth;
+   `transformers` `generate`, with the GB/s it implies and its share of the measured bandwidth roof;
    throughput of 32 and 128 requests submitted at once (engine: continuous batching; transformers:
-   one padded batch). CUDA graphs are not built yet (issue 14 leaves them for a session with a GPU):
-   their column says so.
+   one padded batch). On CUDA the engine runs twice, CUDA graphs on (its default) and off
+   (`enforce_eager=True`, where `LLM` has it). Then batch-1 decode in float16, the engine against its own
+   INT4 (`quantization="int4"`) and `transformers`, on the Llama-3.2-1B shape.
 The exit status is 1 when any check fails.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
+import inspect
 import json
 import os
 import platform
@@ -63,6 +67,9 @@ CPU_SIZES = {  # --cpu: the same shapes cut to 2 layers, the 1B one also narrowe
 # close a greedy choice may be to the reference's best and still count as a tie broken by rounding
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 PROMPT_TOKENS, GREEDY_TOKENS = 48, 24
+INT4_SHAPE = "llama-3.2-1b"  # INT4 against float16: the shape whose decode reads the most weight bytes
+
+
 @dataclass
 class Check:
     section: str
@@ -194,21 +201,57 @@ def run_cuda_tests(report: Report) -> None:
         print(proc.stdout[-4000:], proc.stderr[-2000:])
 
 
-def measure_speed(report: Report, shape: str, hf, model, tokenizer, dtype: torch.dtype, work: Workload,
-                  ceilings: Ceilings) -> None:
-    """Batch-1 decode and throughput at each concurrency, engine (`accel=True`) and transformers, same weights."""
-    precision = str(dtype).removeprefix("torch.")
+def graphs_switch() -> bool:
+    """Whether `LLM` can turn CUDA graphs off (`enforce_eager`), so the speed runs both ways."""
+    return any("enforce_eager" in inspect.signature(f).parameters for f in (LLM.__init__, LLM.from_model))
+
+
+def engine_systems(model, tokenizer, dtype: torch.dtype, work: Workload, quantization: str | None = None,
+                   eager_too: bool = True) -> list:
+    """The engine (`accel=True`) on its own copy of `model`; on CUDA and with `eager_too`, also with graphs off."""
     config = model.config
-    tokens = max(work.concurrency) * (128 + 16 + max(work.uniform_output, work.decode_tokens)) + work.prompt_tokens + 64
-    llm = LLM.from_model(model, tokenizer, accel=True, enable_prefix_caching=False,
-                         max_num_seqs=max(work.concurrency), max_num_batched_tokens=OFFLINE_BATCHED_TOKENS,
-                         kv_cache_memory=config.kv_bytes_per_token(dtype) * tokens)
-    wbytes = weight_bytes(llm.model)
-    print(f"  engine and transformers, {shape} {precision}, taking turns ...", flush=True)
-    systems = [EngineSystem(llm, "engine"), TransformersSystem(hf)]
-    for r in measure_systems(systems, precision, work, tokenizer, config, ceilings, wbytes):
-        report.speed.append({"shape": shape, **asdict(r)})
-    del llm
+    tokens = max(work.concurrency, default=1) * (128 + 16 + max(work.uniform_output, work.decode_tokens))
+    options = dict(accel=True, enable_prefix_caching=False, max_num_seqs=max(work.concurrency, default=1),
+                   max_num_batched_tokens=OFFLINE_BATCHED_TOKENS, quantization=quantization,
+                   kv_cache_memory=config.kv_bytes_per_token(dtype) * (tokens + work.prompt_tokens + 64))
+    name = "engine" if quantization is None else f"engine {quantization}"
+    variants = {name: {}}
+    if eager_too and model.device.type == "cuda" and graphs_switch():
+        variants[f"{name} eager"] = {"enforce_eager": True}
+    systems = []
+    for label, extra in variants.items():  # accel and quantization change the model in place: a copy each
+        system = EngineSystem(LLM.from_model(copy.deepcopy(model), tokenizer, **options, **extra), label)
+        system.weight_bytes = weight_bytes(system.llm.model)
+        if quantization is not None:
+            system.precision = quantization
+        systems.append(system)
+    return systems
+
+
+def measure_speed(report: Report, run: str, shape: str, hf, model, tokenizer, dtype: torch.dtype, work: Workload,
+                  ceilings: Ceilings, quantization: str | None = None) -> None:
+    """Batch-1 decode and throughput at each concurrency, engine (`accel=True`) and transformers, same weights;
+    with `quantization`, the engine in float and quantized, graphs on only."""
+    precision = str(dtype).removeprefix("torch.")
+    systems = engine_systems(model, tokenizer, dtype, work, eager_too=quantization is None)
+    if quantization is not None:
+        systems += engine_systems(model, tokenizer, dtype, work, quantization, eager_too=False)
+    systems.append(TransformersSystem(hf))
+    print(f"  {', '.join(s.name for s in systems)}: {shape} {precision}, taking turns ...", flush=True)
+    for r in measure_systems(systems, precision, work, tokenizer, model.config, ceilings, weight_bytes(model)):
+        report.speed.append({"run": run, "shape": shape, **asdict(r)})
+    del systems
+
+
+def ceilings_for(report: Report, state: dict, device: torch.device, dtype: torch.dtype) -> Ceilings:
+    """The matmul and bandwidth roofs in `dtype`, measured once."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in state["ceilings"]:
+        c = state["ceilings"][name] = Ceilings(measure_matmul_flops(device, dtype), measure_bandwidth(device, dtype),
+                                               str(device), name)
+        report.env.setdefault("ceilings", {})[name] = asdict(c)
+        print(f"  ceilings, {name}: {c.peak_flops / 1e12:.2f} TFLOP/s matmul, {c.bandwidth / 1e9:.0f} GB/s copy")
+    return state["ceilings"][name]
 
 
 def check_shape(report: Report, state: dict, shape_name: str, shape: dict, device: torch.device, dtype: torch.dtype,
@@ -219,41 +262,63 @@ def check_shape(report: Report, state: dict, shape_name: str, shape: dict, devic
     check_against_transformers(report, f"{shape_name} {str(dtype).removeprefix('torch.')}", hf, model, tokenizer, dtype)
     if not speed:
         return
-    if state["ceilings"] is None:  # measured once, in the dtype the speed runs in
-        c = state["ceilings"] = Ceilings(measure_matmul_flops(device, dtype), measure_bandwidth(device, dtype),
-                                         str(device), str(dtype).removeprefix("torch."))
-        report.env["ceilings"] = asdict(c)
-        print(f"  ceilings: {c.peak_flops / 1e12:.2f} TFLOP/s matmul, {c.bandwidth / 1e9:.0f} GB/s copy")
+    ceilings = ceilings_for(report, state, device, dtype)
     section(f"{shape_name}: speed, {device} {dtype}")
-    measure_speed(report, shape_name, hf, model, tokenizer, dtype, work, state["ceilings"])
+    measure_speed(report, str(dtype).removeprefix("torch."), shape_name, hf, model, tokenizer, dtype, work, ceilings)
+
+
+def int4_against_float16(report: Report, state: dict, shape_name: str, shape: dict, device: torch.device,
+                         tokenizer, work: Workload) -> None:
+    """Batch-1 decode in float16: the engine, its INT4 twin and transformers (a T4's dtype on any GPU)."""
+    section(f"{shape_name}: INT4 against float16, batch-1 decode, {device}")
+    hf, model = random_pair(shape, device, torch.float16)
+    ceilings = ceilings_for(report, state, device, torch.float16)
+    decode_only = Workload(decode_tokens=work.decode_tokens, prompt_tokens=work.prompt_tokens, concurrency=(),
+                           repeats=work.repeats, ttft_repeats=1, output_kinds=())
+    measure_speed(report, "int4 vs float16", shape_name, hf, model, tokenizer, torch.float16, decode_only, ceilings,
+                  quantization="int4")
 
 
 def print_speed(report: Report, work: Workload) -> None:
-    """One row per shape: engine / transformers, and the two ratios issue 14 asks for."""
-    by = {(r["shape"], r["system"], r["metric"]): r for r in report.speed}
-    shapes = list(dict.fromkeys(r["shape"] for r in report.speed))
+    """One row per system and shape, and the ratios issue 14 asks for; then INT4 against float16."""
+    by = {(r["run"], r["shape"], r["system"], r["metric"]): r for r in report.speed}
     cols = ["decode_tok_s"] + [f"throughput_{c}_uniform" for c in work.concurrency]
-    print(f"{'shape':<14}{'system':<14}{'batch-1 decode tok/s':>34}"
+    print(f"{'run':<17}{'shape':<14}{'system':<18}{'batch-1 decode tok/s':>34}"
           + "".join(f"{f'{c} requests tok/s':>20}" for c in work.concurrency))
-    for shape in shapes:
-        for system in ("engine", "engine graphs", "transformers"):
+    for run, shape in dict.fromkeys((r["run"], r["shape"]) for r in report.speed):
+        for system in dict.fromkeys(r["system"] for r in report.speed if (r["run"], r["shape"]) == (run, shape)):
             cells = []
             for metric in cols:
-                r = by.get((shape, system, metric))
+                r = by.get((run, shape, system, metric))
                 if r is None:
-                    cells.append("not built" if system == "engine graphs" else "—")
+                    cells.append("—")
                 elif "of_bandwidth" in r["extra"]:
                     cells.append(f"{r['value']:.1f} ({r['extra']['GB/s']:.0f} GB/s, {r['extra']['of_bandwidth']:.0%})")
                 else:
                     cells.append(f"{r['value']:.1f}")
-            print(f"{shape:<14}{system:<14}{cells[0]:>34}" + "".join(f"{c:>20}" for c in cells[1:]))
-        hf = by.get((shape, "transformers", "decode_tok_s"))
-        eng = by.get((shape, "engine", "decode_tok_s"))
-        top = by.get((shape, "engine", f"throughput_{max(work.concurrency)}_uniform"))
-        if hf and eng and top:
-            print(f"{'':<14}engine / transformers batch-1 decode: {eng['value'] / hf['value']:.2f}x (target 3x, "
-                  f"with graphs); {max(work.concurrency)} requests / transformers batch-1: "
-                  f"{top['value'] / hf['value']:.1f}x (target 10x)")
+            print(f"{run:<17}{shape:<14}{system:<18}{cells[0]:>34}" + "".join(f"{c:>20}" for c in cells[1:]))
+        hf = by.get((run, shape, "transformers", "decode_tok_s"))
+        for system in ("engine", "engine eager", "engine int4"):
+            eng = by.get((run, shape, system, "decode_tok_s"))
+            top = by.get((run, shape, system, f"throughput_{max(work.concurrency)}_uniform"))
+            if hf and eng:
+                line = f"{system} / transformers batch-1 decode: {eng['value'] / hf['value']:.2f}x"
+                line += " (target 3x, with graphs)" if system == "engine" and top else ""
+                if top:
+                    line += (f"; {max(work.concurrency)} requests / transformers batch-1: "
+                             f"{top['value'] / hf['value']:.1f}x" + (" (target 10x)" if system == "engine" else ""))
+                print(f"{'':<17}{line}")
+        f16, int4 = by.get((run, shape, "engine", "decode_tok_s")), by.get((run, shape, "engine int4", "decode_tok_s"))
+        if f16 and int4:
+            print(f"{'':<17}engine int4 / float16 batch-1 decode: {int4['value'] / f16['value']:.2f}x")
+
+
+def cuda_graphs_note(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "none on the CPU (enforce_eager changes nothing there)"
+    if graphs_switch():
+        return "on and off: 'engine' runs CUDA graphs (the default), 'engine eager' runs enforce_eager=True"
+    return "not compared: this LLM has no enforce_eager, so every engine row runs its default"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,13 +343,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         work = Workload(decode_tokens=64, prompt_tokens=512, concurrency=(32, 128), uniform_output=128, repeats=3,
                         output_kinds=("uniform",))
-    state = {"ceilings": None}
-    for shape_name, shape in SHAPES.items():
-        shape = {**shape, **(CPU_SIZES[shape_name] if args.cpu else {})}
-        low = [policy, torch.bfloat16] if args.cpu else [policy]  # --cpu: bfloat16's tolerance checked too
-        for dtype in dict.fromkeys([torch.float32, *low]):
+    state = {"ceilings": {}}
+    shapes = {name: {**shape, **(CPU_SIZES[name] if args.cpu else {})} for name, shape in SHAPES.items()}
+    dtypes = [torch.float32, torch.float16, torch.bfloat16]
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        dtypes.pop()  # a T4: no native bfloat16, and the policy never picks it there
+        print("  (no native bfloat16 on this GPU: its checks are skipped)")
+    for shape_name, shape in shapes.items():
+        for dtype in dtypes:
             guarded(report, f"{shape_name} {dtype}", check_shape, report, state, shape_name, shape, device, dtype,
                     tokenizer, work, dtype == policy and not args.skip_speed)
+    if not args.skip_speed:
+        guarded(report, "INT4 against float16", int4_against_float16, report, state, INT4_SHAPE,
+                shapes[INT4_SHAPE], device, tokenizer, work)
 
     section(f"Triton kernels vs PyTorch, {device}" + (" (interpreter)" if args.cpu else ""))
     guarded(report, "Triton kernels", check_triton, report, device, policy)
@@ -303,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": report.env, "checks": [asdict(c) for c in report.checks], "speed": report.speed,
-                       "cuda_graphs": "not built: issue 14 leaves them for a session with a GPU",
+                       "cuda_graphs": cuda_graphs_note(device),
                        "workload": asdict(work), "seconds": seconds, "passed": not failed}, f, indent=1)
         print(f"wrote {args.json}")
     return 1 if failed else 0

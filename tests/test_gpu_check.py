@@ -28,22 +28,27 @@ def test_cpu_rehearsal_writes_every_check_and_figure(tmp_path):
     assert report["passed"] and report["env"]["device"] == "cpu" and report["env"]["policy_dtype"] == "torch.float32"
     names = {c["name"] for c in report["checks"]}
     for shape in gpu_check.SHAPES:
-        for dtype in ("float32", "bfloat16"):
+        for dtype in ("float32", "float16", "bfloat16"):
             assert {f"{shape} {dtype} logits", f"{shape} {dtype} greedy"} <= names
     assert sum(c["section"] == "triton" for c in report["checks"]) == 4
     assert all(c["passed"] for c in report["checks"])
-    figures = {(r["shape"], r["system"], r["metric"]) for r in report["speed"]}
+    figures = {(r["run"], r["shape"], r["system"], r["metric"]): r for r in report["speed"]}
     low, high = report["workload"]["concurrency"]
     for shape in gpu_check.SHAPES:
         for system in ("engine", "transformers"):
             for metric in ("decode_tok_s", f"throughput_{low}_uniform", f"throughput_{high}_uniform"):
-                assert (shape, system, metric) in figures
+                assert ("float32", shape, system, metric) in figures
+    int4 = {(system, r["precision"]) for (run, shape, system, metric), r in figures.items()
+            if run == "int4 vs float16" and shape == gpu_check.INT4_SHAPE and metric == "decode_tok_s"}
+    assert int4 == {("engine", "float16"), ("engine int4", "int4"), ("transformers", "float16")}
+    assert all(0 < r["extra"]["of_bandwidth"] for k, r in figures.items() if k[3] == "decode_tok_s")
     assert all(r["value"] > 0 for r in report["speed"])
-    assert "not built" in report["cuda_graphs"]
+    assert "none on the CPU" in report["cuda_graphs"]
     assert f"{high} requests / transformers batch-1" in proc.stdout
+    assert "engine int4 / float16 batch-1 decode" in proc.stdout
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_checks_pass_on_the_same_weights_and_fail_on_others(dtype):
     tokenizer = load_tokenizer()
     hf, model = gpu_check.random_pair(TINY, torch.device("cpu"), dtype)
@@ -71,3 +76,25 @@ def test_an_error_in_one_section_is_a_failed_check_and_the_run_goes_on(capsys):
     gpu_check.guarded(report, "the next one", lambda: report.add(gpu_check.Check("x", "the next one", True)))
     assert [(c.name, c.passed) for c in report.checks] == [("a section", False), ("the next one", True)]
     assert "CUDA out of memory" in report.checks[0].detail
+
+
+def test_graphs_run_both_ways_only_where_llm_can_turn_them_off(monkeypatch):
+    class Eager:
+        def __init__(self, model=None, enforce_eager: bool = False):
+            pass
+
+        @classmethod
+        def from_model(cls, model, tokenizer, **engine_args):
+            pass
+
+    class Graphless(Eager):
+        def __init__(self, model=None):
+            pass
+
+    monkeypatch.setattr(gpu_check, "LLM", Eager)
+    assert gpu_check.graphs_switch()
+    assert "on and off" in gpu_check.cuda_graphs_note(torch.device("cuda"))
+    monkeypatch.setattr(gpu_check, "LLM", Graphless)
+    assert not gpu_check.graphs_switch()
+    assert "not compared" in gpu_check.cuda_graphs_note(torch.device("cuda"))
+    assert "none on the CPU" in gpu_check.cuda_graphs_note(torch.device("cpu"))

@@ -26,13 +26,11 @@ from ..model import Transformer
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager
+from .kv_budget import default_kv_cache_memory
 from .model_runner import ModelRunner
 from .output_router import OutputRouter
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import RequestOutput, Sequence
-
-CPU_KV_CACHE_BYTES = 512 * 2**20  # default KV budget on the CPU
-GPU_KV_CACHE_FRACTION = 0.5  # default on CUDA: this share of the free GPU memory
 
 
 @dataclass
@@ -40,7 +38,7 @@ class EngineConfig:
     """Serving knobs: KV memory, block size, per-step limits, prefix caching."""
 
     block_size: int = 16
-    kv_cache_memory: int | float | None = None  # bytes, or a fraction of free GPU memory; None = default
+    kv_cache_memory: int | float | None = None  # bytes, or a fraction of free GPU memory; None: see kv_budget
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     enable_prefix_caching: bool = True
@@ -101,8 +99,9 @@ class LLMEngine:
         self.model, self.tokenizer = model, tokenizer
         self.config = config = config or EngineConfig()
         budget = config.kv_cache_memory
-        if budget is None:
-            budget = GPU_KV_CACHE_FRACTION if model.device.type == "cuda" else CPU_KV_CACHE_BYTES
+        if budget is None:  # what max_num_seqs x max_model_len can use, within the device's cap
+            budget = default_kv_cache_memory(model.config, config.max_num_seqs, config.max_model_len,
+                                             config.block_size, model.device, model.dtype)
         kv_cache = PagedKVCache.from_memory(model.config, budget, config.block_size, model.device, model.dtype)
         self.block_manager = BlockManager(kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens),

@@ -1,0 +1,59 @@
+"""The KV cache a default engine reserves: what its seats can use, within what the device can spare.
+
+    need   = max_num_seqs x ceil(max_model_len / block_size) x bytes_per_block
+    cap    = CPU_KV_CACHE_BYTES on the CPU;  GPU_KV_CACHE_MAX_FRACTION x free memory on CUDA
+    budget = min(need, cap)
+
+vLLM sizes its cache the other way round: `gpu_memory_utilization` (0.9 by default) of the whole card,
+minus weights and profiled activations, all of it KV blocks, because a vLLM server owns its GPU. A course
+notebook does not: it holds a `transformers` reference, a second engine (chapter 08 starts an INT4 one
+beside its float one) or a quantized copy in the same process, often on a 16 GB T4. So a default `LLM()`
+here reserves only what `max_num_seqs` sequences of `max_model_len` tokens can fill, and never more than
+half of the free memory, which leaves room for a second model. A chapter that wants a fixed pool passes
+`kv_cache_memory=` (bytes, or a fraction of free GPU memory, 0.9 as vLLM would).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..attention.paged import PagedKVCache
+from ..config import ModelConfig
+
+CPU_KV_CACHE_BYTES = 512 * 2**20  # the most a default engine reserves on the CPU
+GPU_KV_CACHE_MAX_FRACTION = 0.5  # the most a default engine reserves on CUDA: this share of the free memory
+
+
+def free_device_memory(device: torch.device) -> int:
+    """Free bytes on a CUDA device (what `torch.cuda.mem_get_info` reports)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def default_kv_cache_memory(config: ModelConfig, max_num_seqs: int, max_model_len: int | None, block_size: int,
+                            device: torch.device | str, dtype: torch.dtype | str,
+                            free_memory=free_device_memory) -> int:
+    """Bytes of KV cache for `max_num_seqs` sequences of `max_model_len` tokens (None: the model's context),
+    capped by the device: `CPU_KV_CACHE_BYTES`, or `GPU_KV_CACHE_MAX_FRACTION` of `free_memory(device)` on CUDA.
+
+    Under the cap, fewer sequences than `max_num_seqs` may hold a full context at once (the scheduler preempts).
+    A `max_model_len` asked for whose one sequence does not fit under the cap is a ValueError; a default one
+    shrinks later to what the cache holds.
+    """
+    device = torch.device(device)
+    length = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+    per_block = PagedKVCache.bytes_per_block(config, block_size, dtype)
+    one_seq = -(-length // block_size) * per_block  # ceil(length / block_size) blocks
+    if device.type == "cuda":
+        free = free_memory(device)
+        cap = int(GPU_KV_CACHE_MAX_FRACTION * free)
+        where = f"{GPU_KV_CACHE_MAX_FRACTION} of the {free / 2**30:.2f} GiB free on {device}"
+    else:
+        cap, where = CPU_KV_CACHE_BYTES, f"the default CPU budget (CPU_KV_CACHE_BYTES, {_mib(CPU_KV_CACHE_BYTES)})"
+    if max_model_len is not None and one_seq > cap:
+        raise ValueError(f"one sequence of max_model_len={max_model_len} tokens needs {_mib(one_seq)} of KV cache, "
+                         f"more than {where} ({_mib(cap)}); lower max_model_len or pass kv_cache_memory=")
+    return min(max_num_seqs * one_seq, cap)
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:,.1f} MiB"
