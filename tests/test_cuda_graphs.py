@@ -81,8 +81,8 @@ def test_graph_steps_with_the_cpp_kernel_give_the_reference_tokens(tokenizer):
 
 
 def test_static_buffers_are_reused_and_padding_writes_no_kv():
-    """Steps of 3, 2 and 3 sequences (buckets 4, 2, 4): the same input buffers and, per bucket, the same output
-    tensors every time; logits and stored K/V as the eager paged forward gives; no other cache slot changes."""
+    """Steps of 3, 2 and 3 sequences (buckets 4, 2, 4): the same static input and output buffers every time;
+    logits and stored K/V as the eager paged forward gives; no other cache slot changes."""
     model = tiny_model(torch.float64, vocab_size=97)
     cache = PagedKVCache(model.config, num_blocks=24, block_size=4, dtype=torch.float64)
     torch.manual_seed(1)
@@ -90,8 +90,8 @@ def test_static_buffers_are_reused_and_padding_writes_no_kv():
     step = CUDAGraphDecodeStep(model, cache, "torch", max_num_seqs=4, max_model_len=64)
     step.warmup()
     assert sorted(step.graphs) == [1, 2, 4] and step.block_tables.shape == (4, 16)
-    inputs = [t.data_ptr() for t in (step.input_ids, step.positions, step.cached_lens, step.block_tables)]
-    outputs = {}
+    buffers = (step.input_ids, step.positions, step.cached_lens, step.block_tables, step.logits, step.new_k, step.new_v)
+    pointers = [t.data_ptr() for t in buffers]
     cases = [([5, 17, 60], [0, 5, 9], [[3], [1, 7], [2, 9, 11]]),
              ([8, 9], [2, 13], [[20], [4, 5, 6, 23]]),
              ([11, 12, 13], [1, 6, 10], [[3], [1, 7], [2, 9, 11]])]
@@ -110,10 +110,9 @@ def test_static_buffers_are_reused_and_padding_writes_no_kv():
             changed = (now != before).flatten(3).any(-1).any(0).flatten()  # [blocks * block_size]: slots
             assert changed.nonzero().flatten().tolist() == sorted(meta.slot_mapping.tolist())
         rows = bucket_for(len(ids), step.sizes)
-        assert outputs.setdefault(rows, logits.data_ptr()) == logits.data_ptr()  # the graph's own output
-        assert logits.data_ptr() == step.graphs[rows].outputs[0].data_ptr()
+        assert logits.data_ptr() == step.logits.data_ptr()  # rows of the static output
         assert step.cached_lens[len(ids):rows].eq(0).all() and step.input_ids[len(ids):rows].eq(0).all()
-    assert [t.data_ptr() for t in (step.input_ids, step.positions, step.cached_lens, step.block_tables)] == inputs
+    assert [t.data_ptr() for t in buffers] == pointers
     assert step.steps == 3 and step.takes(4) and not step.takes(5)
 
 
@@ -168,7 +167,8 @@ def test_cuda_graphs_match_eager_on_cuda(tokenizer):
 
     check_triton_new_token("cuda")
     check_triton_new_token("cuda", torch.bfloat16, atol=2e-2)
-    assert plan_for("cuda", torch.float32).cuda_graphs and not plan_for("cuda", torch.float32, cuda_graphs=False).cuda_graphs
+    assert plan_for("cuda", torch.float32).cuda_graphs
+    assert not plan_for("cuda", torch.float32, cuda_graphs=False).cuda_graphs
     cuda = dict(ENGINE, kv_cache_memory=64 * 2**20)
 
     def run(enforce_eager: bool):
@@ -182,10 +182,10 @@ def test_cuda_graphs_match_eager_on_cuda(tokenizer):
     step = llm.engine.model_runner.compiled_decode
     assert llm.engine.stats.cuda_graphs == 4 and step.steps == max(MAX_TOKENS) - 1
     assert eager.engine.stats.cuda_graphs == 0
-    pointer = step.graphs[8].outputs[0].data_ptr()
     ids = torch.tensor([5, 6, 7], device="cuda")
     logits = step(ids, ids, [[0, 1], [2, 3], [4, 5]], torch.tensor([5, 14, 23], device="cuda"))
-    assert logits.shape == (3, 49152) and step.graphs[4].outputs[0].data_ptr() == logits.data_ptr() != pointer
+    assert logits.shape == (3, 49152) and logits.data_ptr() == step.logits.data_ptr()
+    assert step.cached_lens[3:4].eq(0).all()
 
 
 if __name__ == "__main__":  # run by test_triton_new_token_matches_torch_interpreted

@@ -14,8 +14,8 @@ the chapters read. Everything here exists only to run the same numbers faster on
     cuda_graphs.py     decode steps as CUDA graphs, one per batch-size bucket (`cuda_graphs`, CUDA's default)
 
 `Accelerator.apply` is the one place a plan touches a model; the engine's model runner then asks the accelerator
-for its attention backend and its decode step (CUDA graphs, or compiled). `python -m course_lib.accel` prints the plan for this
-machine; `python -m course_lib.accel build` builds the kernels ahead of time.
+for its attention backend and its decode step (CUDA graphs, or compiled). `python -m course_lib.accel` prints the
+plan for this machine; `python -m course_lib.accel build` builds the kernels ahead of time.
 """
 from __future__ import annotations
 

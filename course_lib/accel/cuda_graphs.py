@@ -4,14 +4,15 @@ A decode step of a small model is launch-bound: each of its ~40 ops a layer is a
 microseconds, far longer than the kernel itself needs to read its share of the weights. A CUDA graph records
 the launches of a whole step once and replays them with one call. A graph fixes every shape and address, so:
 
-    buckets       one graph per batch size in `capture_sizes(max_num_seqs)`: 1, 2, 4, 8, 16, 24, 32, ...;
-                  a step of n sequences replays the smallest bucket >= n, rows n.. padded; more than the
-                  largest bucket: the engine's eager step (`takes` says no)
-    static inputs input_ids, positions, cached_lens [max_bucket], block_tables [max_bucket, max_blocks] with
-                  max_blocks = ceil(max_model_len / block_size); each bucket's graph reads the first rows.
-                  A step copies its inputs in; padded rows get token 0 at position 0 with no cached tokens
-    outputs       logits [bucket, vocab] and the step's new K/V [layers, bucket, kv_heads, head_dim], tensors
-                  the graph owns; a step reads the first n rows of each
+    buckets        one graph per batch size in `capture_sizes(max_num_seqs)`: 1, 2, 4, 8, 16, 24, 32, ...;
+                   a step of n sequences replays the smallest bucket >= n, rows n.. padded; more than the
+                   largest bucket: the engine's eager step (`takes` says no)
+    static inputs  input_ids, positions, cached_lens [max_bucket], block_tables [max_bucket, max_blocks] with
+                   max_blocks = ceil(max_model_len / block_size); each bucket's graph reads the first rows.
+                   A step copies its inputs in; padded rows get token 0 at position 0 with no cached tokens
+    static outputs logits [max_bucket, vocab] and the step's new K/V [layers, max_bucket, kv_heads, head_dim]:
+                  each graph writes its first rows, a step reads the first n (one set for all buckets, so
+                  memory does not grow with the number of graphs)
 
 Inside the graph nothing is written to the KV cache: each sequence attends over its cached tokens plus its
 new one (the kernels' `k_new`/`v_new`), and after the replay one `index_copy_` per cache stores only the n
@@ -27,7 +28,7 @@ here, and capturing it by hand shows every part (static buffers, padding, the st
 compiled route would trace and compile each bucket at start-up (minutes) and hide the buffers inside Dynamo.
 
 Without CUDA, `EagerGraph` stands in for the capture: a replay runs the same step eagerly on the same static
-buffers and copies its outputs into the first run's, so the CPU tests drive this whole module.
+buffers, so the CPU tests drive this whole module but the capture itself.
 """
 from __future__ import annotations
 
@@ -56,31 +57,29 @@ def bucket_for(num_seqs: int, sizes: list[int]) -> int | None:
 
 
 class EagerGraph:
-    """The seam where a CUDA graph would be: `fn` runs once now (its outputs become `outputs`), and each
-    `replay()` runs it again and copies what it returns into those same tensors."""
+    """The seam where a CUDA graph would be: `fn` (which reads and writes only static buffers) runs once now,
+    as a capture would, and again at each `replay()`."""
 
-    def __init__(self, fn: Callable[[], tuple[torch.Tensor, ...]]):
+    def __init__(self, fn: Callable[[], None]):
         self.fn = fn
-        self.outputs = fn()
+        fn()
 
     def replay(self) -> None:
-        for static, new in zip(self.outputs, self.fn()):
-            static.copy_(new)
+        self.fn()
 
 
 class CudaGraph:
-    """`fn` captured as a `torch.cuda.CUDAGraph` into `pool`; `outputs` are the tensors the capture made,
-    which every `replay()` overwrites."""
+    """`fn` (which reads and writes only static buffers) captured as a `torch.cuda.CUDAGraph` into `pool`."""
 
-    def __init__(self, fn: Callable[[], tuple[torch.Tensor, ...]], pool):
+    def __init__(self, fn: Callable[[], None], pool):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up outside the capture: Triton compiles, cuBLAS picks kernels
             fn()
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.outputs = fn()
+        with torch.cuda.graph(self.graph, pool=pool):  # a host sync in fn would fail here
+            fn()
 
     def replay(self) -> None:
         self.graph.replay()
@@ -88,22 +87,21 @@ class CudaGraph:
 
 class StaticDecodeAttention:
     """Attention backend inside a graph: each sequence attends over its cached tokens and its new one, read
-    through the static block tables and lengths; keeps each layer's new K/V to be stored after the replay.
+    through the static block tables and lengths; writes each layer's new K/V into `new_k`, `new_v` [layers, n,
+    kv_heads, head_dim], to be stored after the replay.
 
     `attend_fn(q, k_cache, v_cache, block_tables, cached_lens, k_new, v_new)`: the Triton kernel, the C++
     operator or `paged_decode_attention`, which share that contract."""
 
     def __init__(self, kv_cache: PagedKVCache, block_tables: torch.Tensor, cached_lens: torch.Tensor,
-                 attend_fn: Callable):
+                 attend_fn: Callable, new_k: torch.Tensor, new_v: torch.Tensor):
         self.kv_cache, self.block_tables, self.cached_lens = kv_cache, block_tables, cached_lens
-        self.attend_fn = attend_fn
-        self.new_k: list[torch.Tensor] = []
-        self.new_v: list[torch.Tensor] = []
+        self.attend_fn, self.new_k, self.new_v = attend_fn, new_k, new_v
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [1, n, heads, d], k/v [1, n, kv_heads, d] -> [1, n, heads, d]."""
-        self.new_k.append(k[0])
-        self.new_v.append(v[0])
+        self.new_k[layer_idx].copy_(k[0])
+        self.new_v[layer_idx].copy_(v[0])
         k_cache, v_cache = self.kv_cache.k_cache[layer_idx], self.kv_cache.v_cache[layer_idx]
         return self.attend_fn(q[0], k_cache, v_cache, self.block_tables, self.cached_lens, k[0], v[0])[None]
 
@@ -140,6 +138,10 @@ class CUDAGraphDecodeStep:
             self.positions = torch.zeros(rows, dtype=torch.long, device=device)
             self.cached_lens = torch.zeros(rows, dtype=torch.int32, device=device)  # the kernels' int32
             self.block_tables = torch.zeros(rows, self.max_blocks, dtype=torch.int32, device=device)
+            self.logits = torch.zeros(rows, model.config.vocab_size, dtype=model.dtype, device=device)
+            kv_shape = (model.config.num_layers, rows, *kv_cache.k_cache.shape[-2:])  # [layers, rows, kv_heads, d]
+            self.new_k = torch.zeros(kv_shape, dtype=kv_cache.k_cache.dtype, device=device)
+            self.new_v = torch.zeros_like(self.new_k)
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         self.graphs: dict[int, CudaGraph | EagerGraph] = {}
         self.capture_seconds = 0.0
@@ -150,13 +152,12 @@ class CUDAGraphDecodeStep:
         """Whether a decode-only step of `num_seqs` sequences fits a bucket."""
         return bucket_for(num_seqs, self.sizes) is not None
 
-    def _step(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The graph's body for a bucket of `rows`: logits [rows, vocab], new_k and new_v [layers, rows,
-        kv_heads, head_dim], from the first `rows` of the static inputs. Writes nothing to the cache."""
+    def _step(self, rows: int) -> None:
+        """The graph's body for a bucket of `rows`: from the first `rows` of the static inputs to the first
+        `rows` of logits, new_k and new_v. Writes nothing to the cache."""
         attn = StaticDecodeAttention(self.kv_cache, self.block_tables[:rows], self.cached_lens[:rows],
-                                     self.attend_fn)
-        logits = self.model(self.input_ids[None, :rows], self.positions[None, :rows], kv=attn)[0]
-        return logits, torch.stack(attn.new_k), torch.stack(attn.new_v)
+                                     self.attend_fn, self.new_k[:, :rows], self.new_v[:, :rows])
+        self.logits[:rows].copy_(self.model(self.input_ids[None, :rows], self.positions[None, :rows], kv=attn)[0])
 
     @torch.inference_mode()
     def warmup(self) -> float:
@@ -164,7 +165,8 @@ class CUDAGraphDecodeStep:
         the padding inputs (no cached tokens: no cache is read). Returns the seconds, kept in
         `capture_seconds`."""
         t = time.perf_counter()
-        self.input_ids.zero_(), self.positions.zero_(), self.cached_lens.zero_(), self.block_tables.zero_()
+        for buffer in (self.input_ids, self.positions, self.cached_lens, self.block_tables):
+            buffer.zero_()
         for rows in reversed(self.sizes):
             step = lambda rows=rows: self._step(rows)  # noqa: E731
             self.graphs[rows] = CudaGraph(step, self.pool) if self.pool is not None else EagerGraph(step)
@@ -177,7 +179,7 @@ class CUDAGraphDecodeStep:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, block_tables: list[list[int]],
                  slot_mapping: torch.Tensor) -> torch.Tensor:
         """input_ids, positions, slot_mapping [n]; block_tables: each sequence's blocks, enough for its
-        position. Stores the new K/V at `slot_mapping` and returns logits [n, vocab] (rows of the graph's own
+        position. Stores the new K/V at `slot_mapping` and returns logits [n, vocab] (rows of the static
         output: valid until the next step)."""
         n = len(block_tables)
         rows, width = bucket_for(n, self.sizes), max(map(len, block_tables))
@@ -189,12 +191,11 @@ class CUDAGraphDecodeStep:
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
         self.cached_lens[:n].copy_(positions)  # a decode token's position = the tokens cached before it
-        self.input_ids[n:rows].zero_(), self.positions[n:rows].zero_(), self.cached_lens[n:rows].zero_()
-        graph = self.graphs[rows]
-        graph.replay()
-        logits, new_k, new_v = graph.outputs
+        for buffer in (self.input_ids, self.positions, self.cached_lens):
+            buffer[n:rows].zero_()  # padded rows
+        self.graphs[rows].replay()
         self.steps += 1
-        layers, _, kv_heads, head_dim = new_k.shape
-        for cache, new in ((self.kv_cache.k_cache, new_k), (self.kv_cache.v_cache, new_v)):
+        layers, _, kv_heads, head_dim = self.new_k.shape
+        for cache, new in ((self.kv_cache.k_cache, self.new_k), (self.kv_cache.v_cache, self.new_v)):
             cache.view(layers, -1, kv_heads, head_dim).index_copy_(1, slot_mapping, new[:, :n])  # real rows only
-        return logits[:n]
+        return self.logits[:n]
