@@ -3,7 +3,6 @@ in for the capture, so everything but the capture itself runs here: buckets, pad
 store after the replay, the engine's eager fallback. The `cuda` tests capture for real."""
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest

@@ -11,8 +11,8 @@ the launches of a whole step once and replays them with one call. A graph fixes 
                    max_blocks = ceil(max_model_len / block_size); each bucket's graph reads the first rows.
                    A step copies its inputs in; padded rows get token 0 at position 0 with no cached tokens
     static outputs logits [max_bucket, vocab] and the step's new K/V [layers, max_bucket, kv_heads, head_dim]:
-                  each graph writes its first rows, a step reads the first n (one set for all buckets, so
-                  memory does not grow with the number of graphs)
+                   each graph writes its first rows, a step reads the first n (one set for all buckets, so
+                   memory does not grow with the number of graphs)
 
 Inside the graph nothing is written to the KV cache: each sequence attends over its cached tokens plus its
 new one (the kernels' `k_new`/`v_new`), and after the replay one `index_copy_` per cache stores only the n
@@ -187,7 +187,7 @@ class CUDAGraphDecodeStep:
             raise ValueError(f"a step of {n} sequences with up to {width} blocks fits no graph (buckets up to "
                              f"{self.sizes[-1]}, {self.max_blocks} blocks): ask `takes` first")
         tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)  # [n, width]
-        self.block_tables[:n, :width].copy_(tables)  # columns past a sequence's blocks are never read
+        self.block_tables[:n, :width].copy_(tables)  # later columns: stale block ids, masked by cached_lens
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
         self.cached_lens[:n].copy_(positions)  # a decode token's position = the tokens cached before it
