@@ -79,14 +79,14 @@ def test_graph_steps_with_the_cpp_kernel_give_the_reference_tokens(tokenizer):
     assert llm.engine.model_runner.compiled_decode.steps == max(MAX_TOKENS) - 1
 
 
-def test_static_buffers_are_reused_and_padding_writes_no_kv():
+def check_graph_steps(attention: str, dtype: torch.dtype, tol: float, device: str = "cpu") -> None:
     """Steps of 3, 2 and 3 sequences (buckets 4, 2, 4): the same static input and output buffers every time;
     logits and stored K/V as the eager paged forward gives; no other cache slot changes."""
-    model = tiny_model(torch.float64, vocab_size=97)
-    cache = PagedKVCache(model.config, num_blocks=24, block_size=4, dtype=torch.float64)
+    model = tiny_model(dtype, vocab_size=97).to(device)
+    cache = PagedKVCache(model.config, num_blocks=24, block_size=4, dtype=dtype, device=device)
     torch.manual_seed(1)
     cache.k_cache.normal_(), cache.v_cache.normal_()
-    step = CUDAGraphDecodeStep(model, cache, "torch", max_num_seqs=4, max_model_len=64)
+    step = CUDAGraphDecodeStep(model, cache, attention, max_num_seqs=4, max_model_len=64)
     step.warmup()
     assert sorted(step.graphs) == [1, 2, 4] and step.block_tables.shape == (4, 16)
     buffers = (step.input_ids, step.positions, step.cached_lens, step.block_tables, step.logits, step.new_k, step.new_v)
@@ -96,15 +96,16 @@ def test_static_buffers_are_reused_and_padding_writes_no_kv():
              ([11, 12, 13], [1, 6, 10], [[3], [1, 7], [2, 9, 11]])]
     for ids, positions, tables in cases:
         before_k, before_v = cache.k_cache.clone(), cache.v_cache.clone()
-        eager = PagedKVCache(model.config, num_blocks=24, block_size=4, dtype=torch.float64)
+        eager = PagedKVCache(model.config, num_blocks=24, block_size=4, dtype=dtype, device=device)
         eager.k_cache.copy_(before_k), eager.v_cache.copy_(before_v)
-        meta = PagedAttentionMetadata.build(tables, [p + 1 for p in positions], [1] * len(ids), block_size=4)
-        ids_t, pos_t = torch.tensor(ids), torch.tensor(positions)
+        meta = PagedAttentionMetadata.build(tables, [p + 1 for p in positions], [1] * len(ids), block_size=4,
+                                            device=device)
+        ids_t, pos_t = torch.tensor(ids, device=device), torch.tensor(positions, device=device)
         want = model(ids_t[None], pos_t[None], kv=PagedAttention(eager, meta))[0]
         logits = step(ids_t, pos_t, tables, meta.slot_mapping)
-        torch.testing.assert_close(logits, want, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(cache.k_cache, eager.k_cache, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(cache.v_cache, eager.v_cache, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(logits, want, rtol=tol, atol=tol)
+        torch.testing.assert_close(cache.k_cache, eager.k_cache, rtol=tol, atol=tol)
+        torch.testing.assert_close(cache.v_cache, eager.v_cache, rtol=tol, atol=tol)
         for now, before in ((cache.k_cache, before_k), (cache.v_cache, before_v)):
             changed = (now != before).flatten(3).any(-1).any(0).flatten()  # [blocks * block_size]: slots
             assert changed.nonzero().flatten().tolist() == sorted(meta.slot_mapping.tolist())
@@ -113,6 +114,10 @@ def test_static_buffers_are_reused_and_padding_writes_no_kv():
         assert step.cached_lens[len(ids):rows].eq(0).all() and step.input_ids[len(ids):rows].eq(0).all()
     assert [t.data_ptr() for t in buffers] == pointers
     assert step.steps == 3 and step.takes(4) and not step.takes(5)
+
+
+def test_static_buffers_are_reused_and_padding_writes_no_kv():
+    check_graph_steps("torch", torch.float64, 1e-10)
 
 
 def test_steps_larger_than_the_largest_bucket_run_eager(tokenizer):
@@ -155,8 +160,9 @@ def check_triton_new_token(device: str, dtype: torch.dtype = torch.float32, atol
     return (got - want).abs().max().item()
 
 
-def test_triton_new_token_matches_torch_interpreted(run_triton_interpreted):
-    assert "triton new-token max abs err" in run_triton_interpreted(__file__)
+def test_triton_new_token_and_graph_steps_interpreted(run_triton_interpreted):
+    """The kernel's k_new/v_new, and graph steps through it, under the Triton interpreter."""
+    assert "triton graph steps ok" in run_triton_interpreted(__file__)
 
 
 @pytest.mark.cuda
@@ -166,6 +172,7 @@ def test_cuda_graphs_match_eager_on_cuda(tokenizer):
 
     check_triton_new_token("cuda")
     check_triton_new_token("cuda", torch.bfloat16, atol=2e-2)
+    check_graph_steps("triton", torch.float32, 1e-4, "cuda")  # captured for real: same buffers, padding
     assert plan_for("cuda", torch.float32).cuda_graphs
     assert not plan_for("cuda", torch.float32, cuda_graphs=False).cuda_graphs
     cuda = dict(ENGINE, kv_cache_memory=64 * 2**20)
@@ -190,3 +197,5 @@ def test_cuda_graphs_match_eager_on_cuda(tokenizer):
 if __name__ == "__main__":  # run by test_triton_new_token_matches_torch_interpreted
     assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1 to run the kernel on the CPU"
     print(f"triton new-token max abs err {check_triton_new_token('cpu'):.2e}")
+    check_graph_steps("triton", torch.float32, 1e-4)
+    print("triton graph steps ok")
