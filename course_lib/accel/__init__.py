@@ -11,10 +11,11 @@ the chapters read. Everything here exists only to run the same numbers faster on
     attention.py       `PagedAttention` with the C++ (CPU) or Triton (CUDA) kernel
     triton_paged.py    the Triton decode-attention kernel
     compiled_decode.py the decode step through `torch.compile` (`compile_decode=True`)
+    cuda_graphs.py     decode steps as CUDA graphs, one per batch-size bucket (`cuda_graphs`, CUDA's default)
 
 `Accelerator.apply` is the one place a plan touches a model; the engine's model runner then asks the accelerator
-for its attention backend and compiled step. `python -m course_lib.accel` prints the plan for this
-machine; `python -m course_lib.accel build` builds the kernels ahead of time.
+for its attention backend and its decode step (CUDA graphs, or compiled). `python -m course_lib.accel` prints the
+plan for this machine; `python -m course_lib.accel build` builds the kernels ahead of time.
 """
 from __future__ import annotations
 
@@ -30,24 +31,28 @@ __all__ = ["Accelerator", "Plan", "plan_for", "reference_plan"]
 class Accelerator:
     """A `Plan` applied to one model, and what the engine's model runner takes from it."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, max_num_seqs: int = 64, max_model_len: int | None = None):
         from .build import build
 
         self.plan = plan
+        self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len  # the engine's: size the CUDA graphs
         self.ops = build().module if plan.needs_kernels else None  # built already by plan_for: no build here
         if plan.needs_kernels and self.ops is None:
             raise RuntimeError(f"this plan needs the C++ kernels, which did not build: {build().problem}")
 
     @classmethod
-    def apply(cls, model: Transformer, plan: Plan, quantization: str | None = None,
-              group_size: int = 32) -> "Accelerator":
+    def apply(cls, model: Transformer, plan: Plan, quantization: str | None = None, group_size: int = 32,
+              max_num_seqs: int = 64, max_model_len: int | None = None) -> "Accelerator":
         """Change `model` in place as `plan` says: fuse its blocks, then quantize (so the fused matmuls are
-        quantized whole), then pack its remaining linear layers. Returns the accelerator."""
+        quantized whole), then pack its remaining linear layers. Returns the accelerator.
+
+        `max_num_seqs`, `max_model_len`: the engine's limits (None: as long as the model and cache allow),
+        which set the CUDA graphs' batch sizes and block-table width."""
         from ..quant import quantize_model
         from .fused_model import fuse_model
         from .linear import pack_linears
 
-        accel = cls(plan)
+        accel = cls(plan, max_num_seqs, max_model_len)
         if plan.fused_blocks:
             fuse_model(model, accel.ops if plan.fused_ops else None)
         if quantization is not None:
@@ -67,7 +72,16 @@ class Accelerator:
         return PagedAttention(kv_cache, metadata)
 
     def decode_step(self, model: Transformer, kv_cache: PagedKVCache):
-        """The compiled decode step, compiled now (minutes on a CPU), or None without `compile_decode`."""
+        """The decode step for decode-only batches, made ready now: with `cuda_graphs` one graph per batch
+        bucket, captured (seconds); else with `compile_decode` compiled (minutes on a CPU); else None."""
+        if self.plan.cuda_graphs:
+            from .cuda_graphs import CUDAGraphDecodeStep
+
+            limit = min(model.config.max_position_embeddings, kv_cache.num_blocks * kv_cache.block_size)
+            graphs = CUDAGraphDecodeStep(model, kv_cache, self.plan.attention, self.max_num_seqs,
+                                         min(limit, self.max_model_len or limit))
+            graphs.warmup()
+            return graphs
         if not self.plan.compile_decode:
             return None
         from .compiled_decode import CompiledDecodeStep

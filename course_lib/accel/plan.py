@@ -37,6 +37,7 @@ class Plan:
     panel_rows: int = 0  # and steps of 1 to panel_rows rows through panels (C++)
     attention: str = "torch"  # "cpp": every query row through the C++ kernel; "triton": decode rows (CUDA)
     compile_decode: bool = False  # decode steps through one torch.compile'd graph (`compiled_decode.py`)
+    cuda_graphs: bool = False  # decode steps replayed as CUDA graphs, one per batch-size bucket (`cuda_graphs.py`)
     problems: tuple[str, ...] = field(default=(), compare=False)  # what could not be built or used, and why
 
     @property
@@ -57,6 +58,11 @@ class Plan:
         attention = {"cpp": "C++ paged kernel: decode and prompt tokens, one call a layer",
                      "triton": "Triton paged kernel for decode rows; prompts through SDPA",
                      "torch": "PyTorch (gather + SDPA), as the reference"}[self.attention]
+        if self.cuda_graphs:
+            decode = ("CUDA graphs, one per batch-size bucket (enforce_eager=True turns them off)" +
+                      ("; compile_decode unused there" if self.compile_decode else ""))
+        else:
+            decode = "torch.compile'd graph (compile_decode=True)" if self.compile_decode else "eager"
         rows = [
             ("machine", f"{processor_name(torch.device(self.device))} ({platform.machine()}, "
                         f"{torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads, "
@@ -65,7 +71,7 @@ class Plan:
             ("linear layers", linear + ("; quantized layers keep their own kernels" if self.packed_linears else "")),
             ("RMSNorm, RoPE, SiLU", "C++, one pass each (eager steps)" if self.fused_ops else "PyTorch"),
             ("attention", attention),
-            ("decode step", "torch.compile'd graph (compile_decode=True)" if self.compile_decode else "eager"),
+            ("decode step", decode),
         ]
         rows += [("not used", problem) for problem in self.problems]
         return "\n".join(f"  {name:<20} {what}" for name, what in rows)
@@ -77,10 +83,12 @@ def reference_plan(device: torch.device | str, dtype: torch.dtype | str, compile
 
 
 def plan_for(device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
-             compile_decode: bool = False) -> Plan:
+             compile_decode: bool = False, cuda_graphs: bool = True) -> Plan:
     """What this machine supports for a model on `device` in `dtype`. On the CPU this builds the C++ kernels
     first if the cache lacks them (once per machine, about a minute); a failed build warns once and leaves
-    them out."""
+    them out. On CUDA decode steps run as CUDA graphs unless `cuda_graphs=False` (`LLM(enforce_eager=True)`);
+    the graphs need the Triton kernel, whose loop stops at each sequence's length (PyTorch's paged attention
+    would gather every sequence's longest possible context in a graph of fixed shapes)."""
     from .build import build
 
     device, dtype = resolve_device_dtype(device, dtype)
@@ -88,9 +96,9 @@ def plan_for(device: torch.device | str | None = None, dtype: torch.dtype | str 
     if device.type == "cuda":
         triton = importlib.util.find_spec("triton") is not None
         if not triton:
-            problems.append("Triton is not installed: decode attention stays in PyTorch")
+            problems.append("Triton is not installed: decode attention stays in PyTorch, decode steps eager")
         return Plan("cuda", dtype, attention="triton" if triton else "torch", compile_decode=compile_decode,
-                    problems=tuple(problems))
+                    cuda_graphs=cuda_graphs and triton, problems=tuple(problems))
     built = build()
     ops = built.module
     if ops is None:

@@ -4,7 +4,9 @@ One program per (sequence, KV head). It loads the `group` query heads that share
 then walks the sequence's block table: each K/V block is loaded once and serves every query
 head of the group (GQA), and softmax is computed online, block by block (running max m,
 running sum l, rescaled accumulator; Milakov & Gimelshein 2018, FlashAttention), so the
-context never has to sit in memory at once.
+context never has to sit in memory at once. With `k_new`/`v_new` (a CUDA-graph decode step, which stores
+the step's K/V after its graph) each sequence also attends to one token not yet in the cache, after its
+cached ones, as the twin does.
 
 The PyTorch twin is `course_lib.attention.paged.paged_decode_attention`; tests compare the two
 under TRITON_INTERPRET=1 (which must be set before this module imports triton).
@@ -20,13 +22,15 @@ import triton.language as tl
 
 @triton.jit
 def _paged_decode_kernel(
-    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, k_new_ptr, v_new_ptr,
     scale,
     stride_qs, stride_qh, stride_qd,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_vb, stride_vt, stride_vh, stride_vd,
     stride_os, stride_oh, stride_od,
     stride_bts, stride_btb,
+    stride_kns, stride_knh, stride_vns, stride_vnh,
+    HAS_NEW: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     GROUP_P2: tl.constexpr, HEAD_DIM_P2: tl.constexpr, BLOCK_P2: tl.constexpr,
 ):
@@ -69,6 +73,19 @@ def _paged_decode_kernel(
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [G, D]
         m_i = m_new
 
+    if HAS_NEW:  # the step's own token, after the cached ones: one more online-softmax update
+        k_n = tl.load(k_new_ptr + seq * stride_kns + kv_head * stride_knh + offs_d, mask=mask_d,
+                      other=0.0).to(tl.float32)  # [D]
+        v_n = tl.load(v_new_ptr + seq * stride_vns + kv_head * stride_vnh + offs_d, mask=mask_d,
+                      other=0.0).to(tl.float32)  # [D]
+        s_n = tl.sum(q * k_n[None, :], axis=1)  # [G]
+        m_new = tl.maximum(m_i, s_n)
+        alpha = tl.exp(m_i - m_new)
+        p_n = tl.exp(s_n - m_new)  # [G]
+        l_i = l_i * alpha + p_n
+        acc = acc * alpha[:, None] + p_n[:, None] * v_n[None, :]
+        m_i = m_new
+
     out = acc / l_i[:, None]  # [G, D]
     out_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
@@ -79,12 +96,15 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def triton_paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
                                   block_tables: torch.Tensor, context_lens: torch.Tensor,
+                                  k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
                                   out: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `paged_decode_attention`, on the GPU (or the Triton interpreter).
 
     q [num_seqs, heads, head_dim]; k/v_cache_layer [num_blocks, block_size, kv_heads, head_dim];
     block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32, each in
-    [1, max_blocks * block_size]. Returns (or fills `out`) [num_seqs, heads, head_dim] in q's dtype.
+    [1, max_blocks * block_size] ([0, ...] with k_new, v_new [num_seqs, kv_heads, head_dim]: one more token
+    each, not in the cache). Returns (or fills `out`) [num_seqs, heads, head_dim] in q's dtype.
+    Checks shapes only: it reads no tensor's values, so a CUDA graph can capture it.
     """
     if q.dim() != 3 or k_cache_layer.dim() != 4:
         raise ValueError(f"need q [num_seqs, heads, head_dim] and k_cache_layer "
@@ -109,7 +129,15 @@ def triton_paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, 
     for name, t in (("q", q), ("k_cache_layer", k_cache_layer), ("v_cache_layer", v_cache_layer)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in head_dim (stride 1), got strides {t.stride()}")
-    tensors = (q, k_cache_layer, v_cache_layer, block_tables, context_lens)
+    if (k_new is None) != (v_new is None):
+        raise ValueError("pass k_new and v_new together, or neither")
+    if k_new is not None:
+        for name, t in (("k_new", k_new), ("v_new", v_new)):
+            if t.shape != (num_seqs, kv_heads, head_dim) or t.dtype != q.dtype or t.stride(-1) != 1:
+                raise ValueError(f"{name} must be {q.dtype} [{num_seqs}, {kv_heads}, {head_dim}] contiguous in "
+                                 f"head_dim, got {t.dtype} {tuple(t.shape)} strides {t.stride()}")
+    tensors = (q, k_cache_layer, v_cache_layer, block_tables, context_lens) + ((k_new, v_new) if k_new is not None
+                                                                              else ())
     if len({t.device for t in tensors}) != 1:
         raise ValueError(f"all inputs must be on one device, got {[str(t.device) for t in tensors]}")
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -126,8 +154,11 @@ def triton_paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, 
     grid = (num_seqs, kv_heads)
     _paged_decode_kernel[grid](
         out, q, k_cache_layer, v_cache_layer, block_tables, context_lens,
+        q if k_new is None else k_new, q if v_new is None else v_new,  # q: an unread stand-in
         head_dim ** -0.5,
         *q.stride(), *k_cache_layer.stride(), *v_cache_layer.stride(), *out.stride(), *block_tables.stride(),
+        *(k_new.stride()[:2] + v_new.stride()[:2] if k_new is not None else (0, 0, 0, 0)),
+        HAS_NEW=k_new is not None,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         GROUP_P2=triton.next_power_of_2(group), HEAD_DIM_P2=triton.next_power_of_2(head_dim),
         BLOCK_P2=triton.next_power_of_2(block_size),

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 from contextlib import closing
 from pathlib import Path
 from typing import Iterator
@@ -26,7 +27,7 @@ Prompt = str | list[int]  # text, or token ids already encoded
 
 
 def _check_options(quantization: str | None, group_size: int, accel, compile_decode: bool,
-                   engine_args: dict) -> tuple[EngineConfig, int]:
+                   enforce_eager: bool, engine_args: dict) -> tuple[EngineConfig, int]:
     """The engine options and the model options, checked before any weight is touched."""
     from ..accel.plan import Plan  # a dataclass; importing it builds nothing
 
@@ -34,6 +35,8 @@ def _check_options(quantization: str | None, group_size: int, accel, compile_dec
         raise TypeError(f"accel must be True, False or a course_lib.accel.Plan, got {accel!r}")
     if not isinstance(compile_decode, bool):
         raise TypeError(f"compile_decode must be True or False, got {compile_decode!r}")
+    if not isinstance(enforce_eager, bool):
+        raise TypeError(f"enforce_eager must be True or False, got {enforce_eager!r}")
     engine_config = EngineConfig.from_options(engine_args)  # a misspelled option fails before the model loads
     if quantization is not None:
         from ..quant.linear import METHODS
@@ -54,8 +57,10 @@ class LLM:
     `course_lib.accel`'s plan for this machine (fused blocks; on the CPU oneDNN packed weights and C++ kernels,
     built here once per machine; Triton attention on CUDA): the same tokens, faster. `python -m course_lib.accel`
     prints the plan. `compile_decode=True` also compiles the decode step with `torch.compile` when the engine
-    starts (minutes on a small CPU, in `llm.engine.stats.compile_seconds`; vLLM compiles by default and
-    turns it off with `enforce_eager=True`): for benchmarks and serving.
+    starts (minutes on a small CPU, in `llm.engine.stats.compile_seconds`): for benchmarks and serving.
+    On CUDA, `accel=True` also runs decode steps as CUDA graphs, one per batch-size bucket, captured when the
+    engine starts (`llm.engine.stats.cuda_graphs` graphs in `graph_capture_seconds`); `enforce_eager=True`
+    (vLLM's name) runs them eagerly instead, and leaves `compile_decode` as it is.
 
     Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free
     GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len.
@@ -63,36 +68,43 @@ class LLM:
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: torch.dtype | str | None = None, quantization: str | None = None,
-                 group_size: int = 32, accel=False, compile_decode: bool = False, **engine_args):
-        engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, engine_args)
+                 group_size: int = 32, accel=False, compile_decode: bool = False, enforce_eager: bool = False,
+                 **engine_args):
+        engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, enforce_eager,
+                                                   engine_args)
         device, dtype = resolve_device_dtype(device, dtype)  # the policy: course_lib.dtypes
         weights = load_model(model, device=device, dtype=dtype)
-        self._start(weights, load_tokenizer(model), engine_config, quantization, group_size, accel, compile_decode)
+        self._start(weights, load_tokenizer(model), engine_config, quantization, group_size, accel, compile_decode,
+                    enforce_eager)
 
     @classmethod
     def from_model(cls, model: Transformer, tokenizer: Tokenizer, quantization: str | None = None,
-                   group_size: int = 32, accel=False, compile_decode: bool = False, **engine_args) -> "LLM":
+                   group_size: int = 32, accel=False, compile_decode: bool = False, enforce_eager: bool = False,
+                   **engine_args) -> "LLM":
         """An LLM around a model already in memory (random weights of a real shape, a model built in a notebook),
         on the model's device and dtype. `accel` and `quantization` change `model` in place."""
         llm = cls.__new__(cls)
-        engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, engine_args)
-        llm._start(model, tokenizer, engine_config, quantization, group_size, accel, compile_decode)
+        engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, enforce_eager,
+                                                   engine_args)
+        llm._start(model, tokenizer, engine_config, quantization, group_size, accel, compile_decode, enforce_eager)
         return llm
 
     def _start(self, model: Transformer, tokenizer: Tokenizer, engine_config: EngineConfig,
-               quantization: str | None, group_size: int, accel, compile_decode: bool) -> None:
+               quantization: str | None, group_size: int, accel, compile_decode: bool,
+               enforce_eager: bool = False) -> None:
         self.device, self.model, self.tokenizer = model.device, model, tokenizer
         self.accel = None
         if accel is not False or compile_decode:  # the one place course_lib.accel touches the engine
             from ..accel import Accelerator, plan_for, reference_plan
 
             if accel is True:
-                plan = plan_for(model.device, model.dtype, compile_decode)
+                plan = plan_for(model.device, model.dtype, compile_decode, cuda_graphs=not enforce_eager)
             elif accel is False:
                 plan = reference_plan(model.device, model.dtype, compile_decode)
             else:
-                plan = accel
-            self.accel = Accelerator.apply(model, plan, quantization, group_size)  # fuse, quantize, pack
+                plan = dataclasses.replace(accel, cuda_graphs=accel.cuda_graphs and not enforce_eager)
+            self.accel = Accelerator.apply(model, plan, quantization, group_size,  # fuse, quantize, pack
+                                           engine_config.max_num_seqs, engine_config.max_model_len)
         elif quantization is not None:
             from ..quant import quantize_model
 

@@ -88,6 +88,8 @@ class EngineStats:
     blocks_used: int = 0
     blocks_free: int = 0
     compile_seconds: float = 0.0  # time torch.compile took at start-up (`LLM(compile_decode=True)`)
+    cuda_graphs: int = 0  # decode graphs captured at start-up, one per batch-size bucket (accel on CUDA)
+    graph_capture_seconds: float = 0.0
 
 
 class LLMEngine:
@@ -117,6 +119,8 @@ class LLMEngine:
         self.stats = EngineStats()
         if self.model_runner.compiled_decode is not None:
             self.stats.compile_seconds = self.model_runner.compiled_decode.compile_seconds
+            self.stats.cuda_graphs = len(getattr(self.model_runner.compiled_decode, "graphs", ()))
+            self.stats.graph_capture_seconds = getattr(self.model_runner.compiled_decode, "capture_seconds", 0.0)
         self._ids = itertools.count()
         self._lock = threading.RLock()  # one step, add or abort at a time, whichever thread asks
 
