@@ -63,8 +63,8 @@ bench-peers: setup
 # it: the committed files of HEAD (commit first), in one folder.
 COLAB_ZIP ?= dist/llm-course.zip
 colab-zip:
-	mkdir -p $(dir $(COLAB_ZIP))
-	git archive --format=zip --prefix=llm-course/ -o $(COLAB_ZIP) HEAD
+	mkdir -p "$$(dirname "$(COLAB_ZIP)")"
+	git archive --format=zip --prefix=llm-course/ -o "$(COLAB_ZIP)" HEAD
 	@echo "$(COLAB_ZIP): upload it to Colab's /content (Files pane), then run a notebook's first cell"
 
 clean:
