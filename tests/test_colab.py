@@ -182,7 +182,7 @@ def test_on_colab_the_cell_clones_the_address_and_chapter_10s_server_starts(cola
 
 @needs_git
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
-def test_on_colab_the_cell_unpacks_an_uploaded_zip(colab_python, tmp_path):
+def test_on_colab_the_cell_unpacks_an_uploaded_zip_then_uses_the_folder(colab_python, tmp_path):
     home = tmp_path / "content"
     home.mkdir()
     zipped = home / "llm-course (1).zip"  # Colab's name for a second upload of the same file
@@ -192,6 +192,8 @@ def test_on_colab_the_cell_unpacks_an_uploaded_zip(colab_python, tmp_path):
     report = run_kernel(colab_python, home, {})
     assert_course_came_from(report, home / "course", colab_python.parent / "pip.log")
     assert sorted(p.name for p in home.iterdir()) == ["course", zipped.name, "notes.zip"]  # nothing left behind
+    zipped.unlink()  # a fresh runtime with the course on its disk already (COURSE_DIR): used as it is
+    assert_course_came_from(run_kernel(colab_python, home, {}), home / "course", colab_python.parent / "pip.log")
 
 
 def test_colab_packages_are_requirements():
