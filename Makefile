@@ -12,7 +12,7 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 PYTEST_ARGS ?=
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: setup course test test-lib test-notebooks figures bench bench-peers clean
+.PHONY: setup course test test-lib test-notebooks figures bench bench-peers colab-zip clean
 
 setup: $(VENV)/.done
 
@@ -58,6 +58,14 @@ bench: setup
 # (PyPI ships it as source: this compiles llama.cpp, several minutes on 2 cores; needs cmake and a C++ compiler).
 bench-peers: setup
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install "llama-cpp-python[server]"
+
+# The course as one zip to upload to Colab (/content, the Files pane), where every notebook's first cell unpacks
+# it: the committed files of HEAD (commit first), in one folder.
+COLAB_ZIP ?= dist/llm-course.zip
+colab-zip:
+	mkdir -p "$$(dirname "$(COLAB_ZIP)")"
+	git archive --format=zip --prefix=llm-course/ -o "$(COLAB_ZIP)" HEAD
+	@echo "$(COLAB_ZIP): upload it to Colab's /content (Files pane), then run a notebook's first cell"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

