@@ -40,7 +40,7 @@ class BatchKnobs:
     @classmethod
     def build(cls, params: list, histories: list[list[int]], vocab_size: int,
               device: torch.device | str) -> "BatchKnobs":
-        """From each row's `SamplingParams` and prompt + output ids: two host->device copies, floats and ints."""
+        """From each row's `SamplingParams` and prompt + output ids, in one host->device copy (of float32s)."""
         rows, bias_rows, bias_tokens, bias_values, seen_rows, seen_tokens = [], [], [], [], [], []
         for i, (p, hist) in enumerate(zip(params, histories)):
             k = p.top_k if 0 < p.top_k < vocab_size and not p.greedy else vocab_size
@@ -53,18 +53,17 @@ class BatchKnobs:
                 seen = sorted(set(hist))
                 seen_rows += [i] * len(seen)
                 seen_tokens += seen
-        host = torch.tensor(rows, dtype=torch.float32).view(len(rows), 6)  # [num_seqs, knobs]
-        floats, values = to_device_at_once([host, torch.tensor(bias_values, dtype=torch.float32)], device)
-        bias_index, seen_index = to_device_at_once(
-            [torch.tensor([bias_rows, bias_tokens], dtype=torch.int64).view(2, -1),
-             torch.tensor([seen_rows, seen_tokens], dtype=torch.int64).view(2, -1)], device)
+        as_float = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731  (ids < 2**24 are exact)
+        floats, values, bias_index, seen_index = to_device_at_once(  # one copy for the whole batch
+            [as_float(rows).view(len(rows), 6), as_float(bias_values),
+             as_float([bias_rows, bias_tokens]).view(2, -1), as_float([seen_rows, seen_tokens]).view(2, -1)], device)
         uses = {name for name, on in [
             ("temperature", any(not p.greedy and p.temperature != 1.0 for p in params)),
             ("top_k_top_p", any(r[1] < vocab_size or r[2] >= 0 for r in rows)),
             ("min_p", any(r[3] > 0 for r in rows))] if on}
         return cls(temperature=floats[:, 0:1], top_k=floats[:, 1:2].long(), tail=floats[:, 2:3],
                    min_p=floats[:, 3:4], penalty=floats[:, 4:5], greedy=floats[:, 5] > 0.5,
-                   bias_index=bias_index, bias_value=values, seen_index=seen_index, uses=frozenset(uses),
+                   bias_index=bias_index.long(), bias_value=values, seen_index=seen_index.long(), uses=frozenset(uses),
                    greedy_rows=[p.greedy for p in params])
 
 
