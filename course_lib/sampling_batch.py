@@ -34,7 +34,8 @@ class BatchKnobs:
     bias_index: torch.Tensor  # [2, num_biases] int64: (row, token) of each logit bias
     bias_value: torch.Tensor  # [num_biases] float32
     seen_index: torch.Tensor  # [2, num_seen] int64: (row, token) of each token a penalised row has seen
-    uses: frozenset[str]  # the passes some row needs: "temperature", "top_k_top_p", "min_p"
+    uses: frozenset[str]  # the passes some row needs: "temperature", "min_p"
+    max_k: int  # the most tokens a row's top-k/top-p can keep (vocab for top-p alone); 0 when no row filters
     greedy_rows: list[bool]  # the same as `greedy`, on the host
 
     @classmethod
@@ -59,11 +60,12 @@ class BatchKnobs:
              as_float([bias_rows, bias_tokens]).view(2, -1), as_float([seen_rows, seen_tokens]).view(2, -1)], device)
         uses = {name for name, on in [
             ("temperature", any(not p.greedy and p.temperature != 1.0 for p in params)),
-            ("top_k_top_p", any(r[1] < vocab_size or r[2] >= 0 for r in rows)),
             ("min_p", any(r[3] > 0 for r in rows))] if on}
+        max_k = max((r[1] for r in rows if r[1] < vocab_size or r[2] >= 0), default=0)
         return cls(temperature=floats[:, 0:1], top_k=floats[:, 1:2].long(), tail=floats[:, 2:3],
                    min_p=floats[:, 3:4], penalty=floats[:, 4:5], greedy=floats[:, 5] > 0.5,
-                   bias_index=bias_index.long(), bias_value=values, seen_index=seen_index.long(), uses=frozenset(uses),
+                   bias_index=bias_index.long(), bias_value=values, seen_index=seen_index.long(),
+                   uses=frozenset(uses), max_k=int(max_k),
                    greedy_rows=[p.greedy for p in params])
 
 
@@ -79,23 +81,28 @@ def processed_logits_batch(logits: torch.Tensor, knobs: BatchKnobs) -> torch.Ten
         logits = torch.where(seen, torch.where(logits > 0, logits / pen, logits * pen), logits)
     if "temperature" in knobs.uses:
         logits = logits / knobs.temperature
-    if "top_k_top_p" in knobs.uses:
-        logits = top_k_top_p_batch(logits, knobs.top_k, knobs.tail)
+    if knobs.max_k:
+        logits = top_k_top_p_batch(logits, knobs.top_k, knobs.tail, knobs.max_k)
     if "min_p" in knobs.uses:
         probs = logits.softmax(-1)
         logits = logits.masked_fill(probs < knobs.min_p * probs.max(-1, keepdim=True).values, NEG_INF)
     return logits
 
 
-def top_k_top_p_batch(logits: torch.Tensor, top_k: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
-    """Top-k then top-p on logits [num_seqs, vocab] with one sort. top_k, tail (= 1 - top_p): [num_seqs, 1]."""
-    ascending, order = logits.sort(dim=-1, stable=True)  # [num_seqs, vocab]
-    kth = ascending.gather(-1, logits.shape[-1] - top_k)  # [num_seqs, 1]: the k-th largest
+def top_k_top_p_batch(logits: torch.Tensor, top_k: torch.Tensor, tail: torch.Tensor, max_k: int) -> torch.Tensor:
+    """Top-k then top-p on logits [num_seqs, vocab] with one (partial) sort. top_k, tail (= 1 - top_p):
+    [num_seqs, 1]. Only the `max_k` largest of each row are sorted: no row keeps more (a row with top-p
+    but no top-k makes max_k the vocab size, a full sort); rows with neither knob have k = vocab and keep all.
+    """
+    vocab = logits.shape[-1]
+    top, order = logits.topk(max_k, dim=-1)  # [num_seqs, max_k], largest first
+    ascending, order = top.flip(-1), order.flip(-1)
+    kth = top.gather(-1, top_k.clamp(max=max_k) - 1).masked_fill(top_k >= vocab, NEG_INF)  # [num_seqs, 1]
     below_k = ascending < kth
     tail_mass = ascending.masked_fill(below_k, NEG_INF).softmax(-1).cumsum(-1)  # this token and all less likely
     drop = below_k | (tail_mass <= tail)
     drop[:, -1] = False  # always keep the most likely token
-    return logits.masked_fill(torch.empty_like(drop).scatter_(-1, order, drop), NEG_INF)
+    return logits.masked_fill((logits < kth).scatter_(-1, order, drop), NEG_INF)
 
 
 def sample_batch(logits: torch.Tensor, knobs: BatchKnobs,

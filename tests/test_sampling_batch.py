@@ -124,3 +124,20 @@ def test_greedy_rows_in_a_sampled_batch_take_the_first_maximum():
               SamplingParams(temperature=0, logit_bias={6: 0.5})]
     got = Sampler()(logits, params, [[]] * 3, ["a", "b", "c"])
     assert got[0] == 2 and got[2] == 6 and got[1] in (2, 6)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rows_that_all_cap_k_sort_only_their_largest_k(seed):
+    """Every filtering row has a top-k: only max(k) candidates are sorted, the result as processed_logits'."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(6, VOCAB, generator=g) * 2
+    params = [SamplingParams(temperature=0.9, top_k=30, top_p=0.8), SamplingParams(temperature=1.1, top_k=3),
+              SamplingParams(temperature=0), SamplingParams(temperature=0.7, top_k=80, top_p=0.95, min_p=0.01),
+              SamplingParams(temperature=1.0), SamplingParams(temperature=2.0, top_k=80, top_p=0.3)]
+    knobs = BatchKnobs.build(params, [[]] * 6, VOCAB, "cpu")
+    assert knobs.max_k == 80
+    ours = processed_logits_batch(logits, knobs)
+    for i, p in enumerate(params):
+        want = processed_logits(logits[i], p)
+        assert torch.equal(torch.isfinite(ours[i]), torch.isfinite(want)), (i, p)
+        torch.testing.assert_close(ours[i], want, rtol=0, atol=0)

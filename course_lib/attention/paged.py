@@ -155,12 +155,13 @@ class PagedAttentionMetadata:
 
     def to(self, device: torch.device | str, *others: torch.Tensor) -> tuple:
         """(this metadata on `device`, *others on `device`): every tensor in one host->device copy."""
-        own = [self.slot_mapping, self.block_tables, self.context_lens, self.query_start_loc]
-        moved = to_device_at_once(own + self.indices.tensors() + list(others), device)
-        indices = StepIndices(*moved[len(own):len(own) + len(self.indices.tensors())])
-        meta = replace(self, slot_mapping=moved[0], block_tables=moved[1], context_lens=moved[2],
-                       query_start_loc=moved[3], indices=indices)
-        return (meta, *moved[len(own) + len(self.indices.tensors()):])
+        own, index = [self.slot_mapping, self.block_tables, self.context_lens, self.query_start_loc], \
+            self.indices.tensors()
+        moved = to_device_at_once(own + index + list(others), device)
+        slot_mapping, block_tables, context_lens, query_start_loc = moved[:4]
+        meta = replace(self, slot_mapping=slot_mapping, block_tables=block_tables, context_lens=context_lens,
+                       query_start_loc=query_start_loc, indices=StepIndices(*moved[4:4 + len(index)]))
+        return (meta, *moved[4 + len(index):])
 
 
 @dataclass
