@@ -49,6 +49,7 @@ from course_lib.profiling import step_bytes, step_flops
 from course_lib.profiling.roofline import Ceilings, measure_bandwidth, measure_matmul_flops, weights_read
 from course_lib.profiling.loadtest import synthetic_prompt_ids
 from course_lib.profiling.memory import weight_bytes
+from course_lib.profiling.timer import synchronize
 
 
 @dataclass
@@ -152,12 +153,8 @@ class TransformersSystem:
                             do_sample=False, pad_token_id=self.pad)
 
     def decode(self, prompt: list[int], n: int) -> float:
-        t = time.perf_counter()
-        self._generate([prompt], 1)
-        first = time.perf_counter() - t
-        t = time.perf_counter()
-        self._generate([prompt], n)
-        return time.perf_counter() - t - first
+        first = timed(self._generate, [prompt], 1)
+        return timed(self._generate, [prompt], n) - first
 
     def ttft(self, prompt: list[int]) -> None:
         self._generate([prompt], 1)
@@ -247,8 +244,11 @@ def rounds(systems: list, measure, repeats: int) -> dict[str, list[float]]:
 
 
 def timed(fn, *args) -> float:
+    """Seconds of `fn(*args)`, the GPU's queued work included: synchronised before both clock reads."""
+    synchronize()
     t = time.perf_counter()
     fn(*args)
+    synchronize()
     return time.perf_counter() - t
 
 

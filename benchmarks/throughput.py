@@ -23,6 +23,7 @@ from course_lib import LLM, SamplingParams
 from course_lib.generate import generate_stream
 from course_lib.engine.sequence import Sequence
 from course_lib.loading import default_gguf_path
+from course_lib.profiling.timer import synchronize
 
 TOPICS = ["the KV cache", "paged attention", "tokenization", "quantization", "GPU memory bandwidth",
           "continuous batching", "rotary position embeddings", "sampling with temperature"]
@@ -70,20 +71,24 @@ def simple_loop_one_at_a_time(llm: LLM, prompts, lengths) -> float:
 @torch.inference_mode()
 def hf_batched(hf, tok, prompts, lengths, batch_size: int) -> float:
     """Static batches with left padding; each batch runs until its longest request is done."""
+    synchronize()
     t = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
         chunk, n = prompts[i:i + batch_size], max(lengths[i:i + batch_size])
         enc = tok(chunk, return_tensors="pt", padding=True)
         hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)
+    synchronize()
     return time.perf_counter() - t
 
 
 @torch.inference_mode()
 def hf_one_at_a_time(hf, tok, prompts, lengths) -> float:
+    synchronize()
     t = time.perf_counter()
     for p, n in zip(prompts, lengths):
         enc = tok([p], return_tensors="pt")
         hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)
+    synchronize()
     return time.perf_counter() - t
 
 

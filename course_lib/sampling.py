@@ -2,7 +2,8 @@
 
 Order of operations, as in Hugging Face's `generate` (with OpenAI's logit bias first, as vLLM does):
     logit bias -> repetition penalty -> temperature -> top-k -> top-p -> min-p -> sample (or argmax if greedy)
-Each step is a small pure function on logits so the notebooks can show them one at a time.
+Each step is a small pure function on logits so the notebooks can show them one at a time; the `Sampler`
+runs the same chain on all rows at once (`course_lib.sampling_batch`).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .checks import Integral, Real, invalid, number
+from .sampling_batch import BatchKnobs, sample_batch
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy, as in vLLM: logits / 1e-40 overflow to inf, softmax to NaN
 
@@ -201,18 +203,13 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams], histories: list[list[int]],
                  request_ids: list[str]) -> list[int]:
-        """logits [num_seqs, vocab]; histories: prompt + output ids of each sequence (for the penalty)."""
+        """logits [num_seqs, vocab]; histories: prompt + output ids of each sequence (for the penalty).
+
+        All rows in one batched pass (`course_lib.sampling_batch`); the `.tolist()` at the end is the only
+        device sync.
+        """
         if all(p.greedy and p.repetition_penalty == 1.0 and not p.logit_bias for p in params):
             return argmax_rows(logits).tolist()  # a greedy batch: one argmax over all rows
-        tokens = []  # 0-d tensors; one .tolist() at the end is the only device sync
-        for row, p, hist, rid in zip(logits, params, histories, request_ids):
-            seen = None
-            if p.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(hist)), dtype=torch.long, device=row.device)
-            row = processed_logits(row, p, seen)
-            if p.greedy:
-                tokens.append(row.argmax())
-            else:
-                gen = self.generator_for(rid, p, row.device)
-                tokens.append(sample_from_probs(row.softmax(-1), gen))
-        return torch.stack(tokens).tolist()
+        knobs = BatchKnobs.build(params, histories, logits.shape[-1], logits.device)
+        generators = [self.generator_for(rid, p, logits.device) for p, rid in zip(params, request_ids)]
+        return sample_batch(logits, knobs, generators).tolist()

@@ -243,7 +243,7 @@ def test_cpp_backend_sends_every_row_through_one_kernel_call(monkeypatch):
 
     from course_lib.accel.attention import CppPagedAttention
 
-    monkeypatch.setattr("course_lib.attention.paged.causal_attention", None)  # any call to it fails
+    monkeypatch.setattr("course_lib.attention.paged.paged_prefill_attention", None)  # any call to it fails
     monkeypatch.setattr("course_lib.attention.paged.paged_decode_attention", None)
     cache = PagedKVCache(cfg, num_blocks=24, block_size=16)
     past = [c - q for c, q in seqs]

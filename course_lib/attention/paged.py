@@ -14,18 +14,20 @@ Token t's K/V go to flat slot `slot_mapping[t] = block_id * block_size + offset`
 attends its queries over its first `context_lens[i]` cached tokens, found through `block_tables[i]`;
 its j-th query sits at position `context_lens[i] - num_queries + j` (causal). Rows with one query
 (decodes) are batched in `paged_decode_attention`, the reference for the kernels of `course_lib.accel`
-(Triton on the GPU, C++ on the CPU), which subclass `PagedAttention`.
+(Triton on the GPU, C++ on the CPU), which subclass `PagedAttention`. Prompt chunks are batched too, in
+`paged_prefill_attention`: one SDPA a layer, each chunk a row padded to the longest, rather than a packed
+block-diagonal mask, whose cost grows with the square of all the step's prompt tokens.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..dtypes import resolve_dtype
-from . import causal_attention
+from ..host_copy import to_device_at_once
 
 
 class PagedKVCache:
@@ -100,6 +102,8 @@ class PagedAttentionMetadata:
     max_context_len: int
     context_lens_cpu: list[int]  # the same numbers on the host, so the backend never waits on the device
     query_start_loc_cpu: list[int]
+    skips_slots: bool  # some slot is -1 (padding): known on the host, so no device read decides it
+    indices: "StepIndices"  # which rows are decodes and which prompt chunks, for the backend
 
     @property
     def num_seqs(self) -> int:
@@ -112,9 +116,10 @@ class PagedAttentionMetadata:
 
     @classmethod
     def build(cls, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
-              block_size: int, device: torch.device | str = "cpu",
+              block_size: int, device: torch.device | str | None = "cpu",
               slot_mapping: list[int] | None = None) -> "PagedAttentionMetadata":
-        """From host lists, one entry per sequence in packing order.
+        """From host lists, one entry per sequence in packing order; `device=None` keeps the tensors on the
+        host, for a caller that moves them with its own (`to`).
 
         query_lens[i] new tokens of sequence i are the last ones of its context_lens[i]; their slots
         follow from its block table unless `slot_mapping` is given (e.g. with -1 for padding).
@@ -134,16 +139,67 @@ class PagedAttentionMetadata:
             slots = slot_mapping
         max_blocks = max((len(t) for t in block_tables), default=0)
         padded = [t + [-1] * (max_blocks - len(t)) for t in block_tables]
-        return cls(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=device).view(len(padded), max_blocks),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
-            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
+        host = cls(  # every tensor on the host first, then all of them moved in one copy
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            block_tables=torch.tensor(padded, dtype=torch.int32).view(len(padded), max_blocks),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32),
+            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32),
             max_query_len=max(query_lens, default=0),
             max_context_len=max(context_lens, default=0),
             context_lens_cpu=list(context_lens),
             query_start_loc_cpu=query_start_loc,
+            skips_slots=any(slot < 0 for slot in slots),
+            indices=StepIndices.build(query_start_loc, list(context_lens)),
         )
+        return host if device is None else host.to(device)[0]
+
+    def to(self, device: torch.device | str, *others: torch.Tensor) -> tuple:
+        """(this metadata on `device`, *others on `device`): every tensor in one host->device copy."""
+        own, index = [self.slot_mapping, self.block_tables, self.context_lens, self.query_start_loc], \
+            self.indices.tensors()
+        moved = to_device_at_once(own + index + list(others), device)
+        slot_mapping, block_tables, context_lens, query_start_loc = moved[:4]
+        meta = replace(self, slot_mapping=slot_mapping, block_tables=block_tables, context_lens=context_lens,
+                       query_start_loc=query_start_loc, indices=StepIndices(*moved[4:4 + len(index)]))
+        return (meta, *moved[4 + len(index):])
+
+
+@dataclass
+class StepIndices:
+    """Where a mixed step's decode rows and prompt chunks sit in the packed row, built on the host.
+
+    Prompt chunks run as one padded batch, chunk i a row of `max_chunk` queries: its j-th query is row
+    token `prefill_tokens[i, j]` at position `prefill_positions[i, j]`; padding repeats the chunk's last
+    query, and `prefill_valid` picks the real ones out of the flattened [num_chunks * max_chunk].
+    """
+
+    decode_seqs: torch.Tensor  # [num_decodes] int64: sequences with one query this step
+    decode_tokens: torch.Tensor  # [num_decodes] int64: where that query sits in the row
+    prefill_seqs: torch.Tensor  # [num_chunks] int64: sequences with several queries (prompt chunks)
+    prefill_tokens: torch.Tensor  # [num_chunks, max_chunk] int64
+    prefill_positions: torch.Tensor  # [num_chunks, max_chunk] int64
+    prefill_valid: torch.Tensor  # [num_prefill_tokens] int64
+
+    @classmethod
+    def build(cls, query_start_loc: list[int], context_lens: list[int]) -> "StepIndices":
+        query_lens = [b - a for a, b in zip(query_start_loc, query_start_loc[1:])]
+        decodes = [i for i, n in enumerate(query_lens) if n == 1]
+        chunks = [i for i, n in enumerate(query_lens) if n > 1]
+        width = max((query_lens[i] for i in chunks), default=0)
+        tokens, positions, valid = [], [], []
+        for row, i in enumerate(chunks):
+            n, start, first = query_lens[i], query_start_loc[i], context_lens[i] - query_lens[i]
+            tokens.append([start + min(j, n - 1) for j in range(width)])
+            positions.append([first + min(j, n - 1) for j in range(width)])
+            valid += range(row * width, row * width + n)
+        as_long = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+        return cls(as_long(decodes), as_long([query_start_loc[i] for i in decodes]), as_long(chunks),
+                   as_long(tokens).view(len(chunks), width), as_long(positions).view(len(chunks), width),
+                   as_long(valid))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.decode_seqs, self.decode_tokens, self.prefill_seqs, self.prefill_tokens,
+                self.prefill_positions, self.prefill_valid]
 
 
 def slots_for(block_table: list[int], positions, block_size: int) -> list[int]:
@@ -200,27 +256,60 @@ def gather_blocks(cache_layer: torch.Tensor, table: torch.Tensor) -> torch.Tenso
     return rows.view(table.shape[0], table.shape[1] * block_size, kv_heads, head_dim)
 
 
+def paged_prefill_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
+                            block_tables: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Several prompt chunks at once, each a row of a padded batch, over their stored context.
+
+    q [num_chunks, max_chunk, heads, head_dim]; block_tables [num_chunks, max_blocks];
+    visible [num_chunks, max_chunk, width] bool: query j of chunk i sees key t (t <= its position), with
+    `width` a multiple of the block size covering the longest context (`prefill_mask`).
+    Returns [num_chunks, max_chunk, heads, head_dim]. One SDPA for all chunks, instead of one per chunk.
+    """
+    block_size = k_cache_layer.shape[1]
+    table = block_tables[:, :visible.shape[-1] // block_size].clamp(min=0).long()  # [num_chunks, blocks]
+    k = gather_blocks(k_cache_layer, table)  # [num_chunks, width, kv_heads, head_dim]
+    v = gather_blocks(v_cache_layer, table)
+    gqa = q.shape[2] != k.shape[2]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=visible[:, None], enable_gqa=gqa)  # [chunks, heads, max_chunk, d]
+    return out.transpose(1, 2)
+
+
+def prefill_mask(positions: torch.Tensor, max_context_len: int, block_size: int) -> torch.Tensor:
+    """positions [num_chunks, max_chunk] -> visible [num_chunks, max_chunk, width]: key t <= query position.
+
+    width rounds the longest context up to whole blocks. Causal and prefix-aware at once: a chunk that starts
+    at position 40 sees its 40 cached tokens and, of its own, those up to each query.
+    """
+    width = -(-max_context_len // block_size) * block_size
+    keys = torch.arange(width, device=positions.device)  # [width]
+    return keys[None, None, :] <= positions[:, :, None]
+
+
 class PagedAttention:
     """Attention backend over a `PagedKVCache` for one packed step described by `attn_metadata`.
 
     Pass it as `Transformer.forward(input_ids [1, num_tokens], positions [1, num_tokens], kv=...)`. Each layer
     stores its new K/V (`store`), then attends (`attend_stored`): decode rows together through
-    `decode_attention`, each prompt chunk through `causal_attention`. `course_lib.accel` subclasses it to run
-    its kernels in those two places.
+    `decode_attention`, all prompt chunks together through `paged_prefill_attention`. `course_lib.accel`
+    subclasses it to run its kernels in those two places.
     """
 
     def __init__(self, kv_cache: PagedKVCache, attn_metadata: PagedAttentionMetadata):
         self.kv_cache, self.attn_metadata = kv_cache, attn_metadata
-        md, device = attn_metadata, kv_cache.device
+        md = attn_metadata
         qsl = md.query_start_loc_cpu
         self.query_lens = [qsl[i + 1] - qsl[i] for i in range(md.num_seqs)]
         decodes = [i for i, n in enumerate(self.query_lens) if n == 1]
-        self.prefill_seqs = [i for i, n in enumerate(self.query_lens) if n > 1]  # chunks, looped over
+        chunks = [i for i, n in enumerate(self.query_lens) if n > 1]
+        self.num_decodes, self.num_chunks = len(decodes), len(chunks)
         self.all_decode = len(decodes) == md.num_seqs and md.num_seqs > 0
-        self.decode_seq_indices = torch.tensor(decodes, dtype=torch.int64, device=device)  # [num_decodes]
-        self.decode_token_indices = torch.tensor([qsl[i] for i in decodes], dtype=torch.int64, device=device)
         self.decode_max_context_len = max((md.context_lens_cpu[i] for i in decodes), default=0)
-        self.skip_slots = bool((md.slot_mapping < 0).any())  # one host sync per step, not per layer
+        if chunks:  # built once per step, shared by every layer
+            ix = md.indices
+            self.prefill_visible = prefill_mask(ix.prefill_positions, max(md.context_lens_cpu[i] for i in chunks),
+                                                kv_cache.block_size)  # [num_chunks, max_chunk, width]
+            self.prefill_out_tokens = ix.prefill_tokens.flatten()[ix.prefill_valid]  # [num_prefill_tokens]
         self.done = False
 
     @property
@@ -255,7 +344,7 @@ class PagedAttention:
         """Write this step's K/V [num_tokens, kv_heads, head_dim] at their slots (a slot of -1: skip)."""
         slots = self.attn_metadata.slot_mapping  # may be shorter than the row: trailing padding writes nothing
         new_k, new_v = k[:slots.shape[0]], v[:slots.shape[0]]  # [num_slots, kv_heads, head_dim]
-        if self.skip_slots:
+        if self.attn_metadata.skips_slots:  # padding rows (a boolean index: this path reads the device once)
             keep = slots >= 0  # [num_slots]
             new_k, new_v, slots = new_k[keep], new_v[keep], slots[keep]
         store_kvcache(new_k, new_v, k_cache, v_cache, slots)
@@ -267,21 +356,15 @@ class PagedAttention:
             n = md.num_seqs
             out[:n] = self.decode_attention(q[:n], k_cache, v_cache, md.block_tables, md.context_lens,
                                             md.max_context_len)
-        elif self.decode_seq_indices.numel():
-            s, t = self.decode_seq_indices, self.decode_token_indices
+        elif self.num_decodes:
+            s, t = md.indices.decode_seqs, md.indices.decode_tokens
             out[t] = self.decode_attention(q[t], k_cache, v_cache, md.block_tables[s], md.context_lens[s],
                                            self.decode_max_context_len)
-        for i in self.prefill_seqs:
-            start, end = md.query_start_loc_cpu[i], md.query_start_loc_cpu[i + 1]
-            ctx = md.context_lens_cpu[i]
-            if ctx == end - start:  # the whole context is this step's tokens: its keys are in the row already
-                keys, values = k[start:end], v[start:end]  # [ctx, kv_heads, head_dim]
-            else:  # a later chunk of a prompt (or one after a cached prefix): read the earlier tokens back
-                blocks = md.block_tables[i:i + 1, :-(-ctx // self.kv_cache.block_size)].long()  # [1, blocks]
-                keys = gather_blocks(k_cache, blocks)[0, :ctx]  # [ctx, kv_heads, head_dim]
-                values = gather_blocks(v_cache, blocks)[0, :ctx]
-            chunk = causal_attention(q[None, start:end], keys[None], values[None], start=ctx - (end - start))
-            out[start:end] = chunk[0]  # [num_queries, heads, head_dim], in the row's dtype
+        if self.num_chunks:  # every prompt chunk in one padded batch
+            ix = md.indices
+            chunks = paged_prefill_attention(q[ix.prefill_tokens], k_cache, v_cache,  # q: [chunks, max_chunk, h, d]
+                                             md.block_tables[ix.prefill_seqs], self.prefill_visible)
+            out[self.prefill_out_tokens] = chunks.flatten(0, 1)[ix.prefill_valid]
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, max_context_len) -> torch.Tensor:
         """The decode rows' attention: `paged_decode_attention` (a kernel, in `course_lib.accel`'s subclasses)."""

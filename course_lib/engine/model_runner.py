@@ -5,12 +5,16 @@
     positions    [1, 7]  = [ 3  4  5  6  7 |  9 |  4]       where each token sits in its sequence
     slot_mapping [7]     = flat KV slot each token's K/V is written to (through the block tables)
     logits_index         = the last token of each sequence that finished its prompt: it samples
+
+All of a step's integer inputs travel to the device in one copy (`PagedAttentionMetadata.to`), and the
+sampled tokens come back in one `.tolist()`: the step's only wait on the device.
 """
 from __future__ import annotations
 
 import torch
 
 from ..attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache, slots_for
+from ..host_copy import to_device_at_once
 from ..model import Transformer
 from ..sampling import Sampler
 from .scheduler import ScheduledBatch
@@ -47,18 +51,18 @@ class ModelRunner:
                 and self.compiled_decode.takes(len(ids))):
             slots = [slots_for(seq.block_table, [p], self.kv_cache.block_size)[0]
                      for seq, p in zip(batch.seqs, positions)]
+            input_ids, pos, slot_mapping = to_device_at_once(  # [n] each, one copy
+                [torch.tensor(ids), torch.tensor(positions), torch.tensor(slots)], device)
             logits = self.compiled_decode(  # every sequence adds one token and samples
-                torch.tensor(ids, device=device), torch.tensor(positions, device=device),
-                [seq.block_table for seq in batch.seqs], torch.tensor(slots, device=device))
+                input_ids, pos, [seq.block_table for seq in batch.seqs], slot_mapping)
             return self._sample(logits, batch.seqs, samples)
         meta = PagedAttentionMetadata.build(
             block_tables=[seq.block_table for seq in batch.seqs],
             context_lens=[seq.num_computed_tokens + n for seq, n in zip(batch.seqs, batch.num_tokens)],
-            query_lens=batch.num_tokens, block_size=self.kv_cache.block_size, device=device)
-        input_ids = torch.tensor([ids], device=device)  # [1, num_tokens]
-        pos = torch.tensor([positions], device=device)  # [1, num_tokens]
-        index = torch.tensor(logits_index, device=device, dtype=torch.long)
-        kv = self.attention(self.kv_cache, meta)
+            query_lens=batch.num_tokens, block_size=self.kv_cache.block_size, device=None)  # on the host
+        meta, input_ids, pos, index = meta.to(  # one host->device copy for the whole step
+            device, torch.tensor([ids]), torch.tensor([positions]), torch.tensor(logits_index, dtype=torch.long))
+        kv = self.attention(self.kv_cache, meta)  # input_ids, pos: [1, num_tokens]
         logits = self.model(input_ids, pos, kv=kv, logits_index=index)[0]
         return self._sample(logits, batch.seqs, samples)
 

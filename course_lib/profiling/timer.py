@@ -86,6 +86,14 @@ def _cuda_samples(fn: Callable[[], Any], repeats: int, device: torch.device) -> 
         return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]  # elapsed_time is in ms
 
 
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait until `device` (default: "cuda" if available) has run all the work queued on it, so that a clock
+    read next counts that work. On the CPU there is nothing to wait for."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 class Timer:
     """Context manager timing one block: `with Timer("cuda") as t: ...` then `t.seconds`."""
 
