@@ -1,0 +1,188 @@
+"""Speculative decoding: guess a few tokens cheaply, check them all in one forward pass of the model.
+
+A decode step reads every weight to make one token (chapter 05: bandwidth-bound), and a step over k + 1 tokens
+reads them once too. So if something cheap guesses the next k tokens, the model can verify all of them in one
+step, nearly for the price of one token, and keep the longest run of guesses it agrees with, plus one token of its
+own at the first disagreement (or after the last guess):
+
+    context ... the cat sat on the | drafts: mat . The  -> one forward over [the, mat, ., The]
+    the model's choice at each position:  mat  .  A  (dog)  -> accept "mat", ".", reject "The", emit "A"
+
+Two proposers, configured as vLLM's `speculative_config`:
+    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+        prompt lookup: find the last n tokens earlier in the context, propose what followed them (free; pays on
+        text that repeats its context: edits, code, extraction)
+    {"method": "draft_model", "model": None, "quantization": "int4", "num_speculative_tokens": 4}
+        a smaller model drafts token by token; with no `model`, the target itself quantized to INT4
+
+Greedy requests accept a draft token when it is the model's argmax: the output is exactly plain greedy decoding's.
+Sampled requests use the rule of Leviathan et al. and Chen et al. (2023): accept draft token x with probability
+min(1, p(x) / q(x)), where p is the target's distribution and q the draft's; at the first rejection sample from
+max(0, p - q), renormalised. Each emitted token is then distributed exactly as p (`accept_or_resample`).
+Prompt lookup has no q: its q is all on the proposed token.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from ..kv_cache import KVCache
+from ..model import Transformer
+
+METHODS = ("ngram", "draft_model")
+
+
+@dataclass
+class SpeculativeConfig:
+    """vLLM's `speculative_config` keys, checked. Build it with `SpeculativeConfig.from_dict`."""
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 2
+    model: str | None = None  # draft_model: a path or Hub id; None = the target quantized (`quantization`)
+    quantization: str | None = "int4"
+
+    @classmethod
+    def from_dict(cls, config: dict | "SpeculativeConfig" | None) -> "SpeculativeConfig | None":
+        """`config` as vLLM takes it (a dict), checked; None stays None (no speculation)."""
+        if config is None or isinstance(config, SpeculativeConfig):
+            return config
+        if not isinstance(config, dict):
+            raise TypeError(f"speculative_config must be a dict or None, got {config!r}")
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
+                 "quantization"}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ValueError(f"unknown speculative_config key {unknown[0]!r}; the keys are: {', '.join(sorted(known))}")
+        method = config.get("method", "ngram" if "prompt_lookup_max" in config else None)
+        if method not in METHODS:
+            raise ValueError(f"speculative_config['method'] must be one of {METHODS}, got {method!r}")
+        spec = cls(method=method, **{k: v for k, v in config.items() if k != "method"}) \
+            if "num_speculative_tokens" in config else None
+        if spec is None:
+            raise ValueError("speculative_config needs 'num_speculative_tokens' (how many tokens to guess a step)")
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            value = getattr(spec, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"speculative_config[{name!r}] must be an integer >= 1, got {value!r}")
+        if spec.prompt_lookup_min > spec.prompt_lookup_max:
+            raise ValueError(f"speculative_config: prompt_lookup_min ({spec.prompt_lookup_min}) > "
+                             f"prompt_lookup_max ({spec.prompt_lookup_max})")
+        if spec.quantization not in (None, "int8", "int4"):
+            raise ValueError(f"speculative_config['quantization'] must be None, 'int8' or 'int4', "
+                             f"got {spec.quantization!r}")
+        return spec
+
+
+def ngram_propose(token_ids: list[int], k: int, n_max: int = 4, n_min: int = 2) -> list[int]:
+    """Prompt lookup: the up-to-k tokens that followed the most recent earlier occurrence of the context's last
+    n tokens, trying n from n_max down to n_min; [] when no such n-gram occurred before."""
+    for n in range(min(n_max, len(token_ids) - 1), n_min - 1, -1):
+        tail = token_ids[-n:]
+        for start in range(len(token_ids) - n - 1, -1, -1):  # most recent match first, never the tail itself
+            if token_ids[start:start + n] == tail:
+                return token_ids[start + n:start + n + k]
+    return []
+
+
+def greedy_accept(target_choice: list[int], drafts: list[int]) -> list[int]:
+    """The tokens a greedy step emits: drafts while they equal the model's choice at their position, then the
+    model's own choice. `target_choice` has len(drafts) + 1 entries (the argmax after each position)."""
+    out = []
+    for choice, draft in zip(target_choice, drafts):
+        out.append(choice)
+        if choice != draft:
+            return out
+    out.append(target_choice[len(drafts)])  # every draft accepted: the model's next token is free
+    return out
+
+
+def accept_or_resample(p: torch.Tensor, q: torch.Tensor | None, drafts: list[int],
+                       generator: torch.Generator | None = None) -> list[int]:
+    """The tokens a sampled step emits (speculative sampling). p [k + 1, vocab]: the target's probabilities at
+    each draft position and after the last; q [k, vocab]: the draft's, or None for prompt lookup (all of q on
+    the proposed token). Accept draft i with probability min(1, p_i(x) / q_i(x)); at the first rejection, sample
+    from max(0, p_i - q_i) renormalised and stop; when all are accepted, sample one more token from p_k."""
+    k = len(drafts)
+    if q is None:
+        q = torch.zeros_like(p[:k]).scatter_(1, torch.tensor(drafts, device=p.device)[:, None], 1.0)
+    rows = torch.arange(k, device=p.device)
+    ids = torch.tensor(drafts, device=p.device, dtype=torch.long)
+    ratio = (p[rows, ids] / q[rows, ids]).clamp(max=1.0)  # [k]: acceptance probability of each draft token
+    u = torch.rand(k, generator=generator, device=p.device)
+    out = []
+    for i, (accepted, draft) in enumerate(zip((u < ratio).tolist(), drafts)):
+        if not accepted:
+            residual = (p[i] - q[i]).clamp(min=0)
+            residual = residual / residual.sum() if residual.sum() > 0 else p[i]
+            out.append(int(torch.multinomial(residual, 1, generator=generator)))
+            return out
+        out.append(draft)
+    out.append(int(torch.multinomial(p[k], 1, generator=generator)))
+    return out
+
+
+class DraftModel:
+    """A small model that drafts token by token, with a contiguous KV cache per request (batch 1).
+
+    Each call catches the draft's cache up with the tokens the target accepted since the last call (one forward
+    over them), then drafts k tokens greedily, or by sampling from its processed distribution (`probs`), one
+    forward each. Rejected drafts cost nothing to undo: the cache's length is set back."""
+
+    def __init__(self, model: Transformer, max_len: int):
+        self.model, self.max_len = model, max_len
+        self.caches: dict[str, KVCache] = {}
+        self.known: dict[str, list[int]] = {}  # the tokens whose K/V each request's cache holds
+
+    @classmethod
+    def from_target(cls, target: Transformer, quantization: str | None, max_len: int) -> "DraftModel":
+        """The target itself, quantized (a copy: the target keeps its weights)."""
+        from ..quant import quantize_model
+
+        draft = copy.deepcopy(target)
+        if quantization is not None:
+            quantize_model(draft, quantization, group_size=32)  # as LLM(quantization=...) groups them
+        return cls(draft, max_len)
+
+    @torch.inference_mode()
+    def propose(self, request_id: str, token_ids: list[int], k: int, sample_probs=None,
+                generator: torch.Generator | None = None) -> tuple[list[int], torch.Tensor | None]:
+        """Up to k draft tokens after `token_ids`, and their draft probabilities [k, vocab] when `sample_probs`
+        (logits [vocab] -> probs [vocab], the request's sampling filters) is given; greedy otherwise."""
+        cache = self.caches.get(request_id)
+        if cache is None:
+            cache = self.caches[request_id] = KVCache(self.model.config, self.max_len, 1, self.model.device,
+                                                      self.model.dtype)
+            self.known[request_id] = []
+        known = self.known[request_id]
+        same = 0  # the draft's cache is valid up to the first token that differs from the context
+        for a, b in zip(known, token_ids):
+            if a != b:
+                break
+            same += 1
+        same = min(same, len(token_ids) - 1)  # at least the last token goes through the model
+        k = min(k, self.max_len - len(token_ids))
+        if k <= 0:
+            return [], None
+        cache.seq_len = same
+        ids = torch.tensor([token_ids[same:]], device=self.model.device)
+        logits = self.model(ids, kv=cache, last_only=True)[0, -1]
+        drafts, probs = [], []
+        for i in range(k):
+            if sample_probs is None:
+                token = int(logits.argmax())
+            else:
+                probs.append(sample_probs(logits))
+                token = int(torch.multinomial(probs[-1], 1, generator=generator))
+            drafts.append(token)
+            if i + 1 < k:
+                logits = self.model(torch.tensor([[token]], device=self.model.device), kv=cache)[0, -1]
+        self.known[request_id] = list(token_ids) + drafts[:-1]  # the last draft never went through the model
+        return drafts, (torch.stack(probs) if probs else None)
+
+    def release(self, request_id: str) -> None:
+        self.caches.pop(request_id, None)
+        self.known.pop(request_id, None)
