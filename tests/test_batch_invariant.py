@@ -42,3 +42,21 @@ def test_every_linear_layer_is_wrapped_and_the_tied_head_keeps_its_table():
     assert make_batch_invariant(model) == 2 * 7 + 1  # seven per block, and the lm_head
     assert model.lm_head.weight is model.embed_tokens.weight
     assert torch.allclose(model(x), before, atol=1e-5)
+
+
+STORIES = [f"Write a short story about a {w} who learns to fly." for w in
+           ["cat", "dog", "robot", "teacher", "fish", "child", "dragon", "farmer", "pilot", "poet", "clock", "river",
+            "mouse", "king", "tree", "cloud"]]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_each_prompt_gives_the_same_greedy_tokens_at_batch_sizes_1_3_and_16(dtype):
+    from course_lib import LLM, SamplingParams
+
+    llm = LLM(dtype=dtype, batch_invariant=True)
+    params = SamplingParams(max_tokens=24, temperature=0)
+    runs = {}
+    for batch in (1, 3, 16):
+        runs[batch] = [o.outputs[0].token_ids for i in range(0, 16, batch)
+                       for o in llm.generate(STORIES[i:i + batch], params)]
+    assert runs[3] == runs[1] and runs[16] == runs[1]

@@ -73,18 +73,18 @@ def test_an_unquantized_draft_proposes_the_models_own_greedy_continuation():
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                                     num_kv_heads=2)).eval()
-    draft = DraftModel.from_target(model, None, max_len=64)
+    draft = DraftModel.from_target(model, None)
     prompt = [3, 14, 15, 9, 26]
     greedy, cache = list(prompt), KVCache(model.config, 64)
     logits = model(torch.tensor([prompt]), kv=cache)[0, -1]
     for _ in range(8):
         greedy.append(int(logits.argmax()))
         logits = model(torch.tensor([[greedy[-1]]]), kv=cache)[0, -1]
-    first, _ = draft.propose("r", prompt, 4)
+    first, _ = draft.propose("r", prompt, 4, capacity=64)
     assert first == greedy[5:9]
     # Two of the four accepted and the model's own token after them: the draft catches up from there.
     context = prompt + first[:2] + [greedy[7]]
-    again, _ = draft.propose("r", context, 4)
+    again, _ = draft.propose("r", context, 4, capacity=64)
     assert again == greedy[8:12]
     draft.release("r")
     assert "r" not in draft.caches

@@ -138,6 +138,18 @@ class BlockManager:
                                f"check can_append() first")
         seq.block_table.extend(self._allocate_block() for _ in range(missing))
 
+    def trim(self, seq: SequenceLike) -> int:
+        """Give back the blocks past what the sequence's tokens need (speculative decoding: the slots of rejected
+        drafts); returns how many. They were never registered in the prefix cache: back to the free queue."""
+        extra = len(seq.block_table) - self.num_blocks_for(len(seq.token_ids))
+        for _ in range(max(0, extra)):
+            block = self.blocks[seq.block_table.pop()]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_block_queue[block.block_id] = None
+                self.free_block_queue.move_to_end(block.block_id, last=block.block_hash is not None)
+        return max(0, extra)
+
     def cache_full_blocks(self, seq: SequenceLike, num_computed_tokens: int) -> None:
         """Register the sequence's full blocks whose K/V are now computed, so later prompts can reuse them."""
         if not self.enable_prefix_caching:

@@ -21,6 +21,7 @@ from ..model import Transformer
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer, load_tokenizer
 from .llm_engine import EngineConfig, LLMEngine
+from .speculative import SpeculativeConfig, Speculator
 from .sequence import RequestOutput
 
 Prompt = str | list[int]  # text, or token ids already encoded
@@ -46,6 +47,16 @@ def _check_options(quantization: str | None, group_size: int, accel, compile_dec
     return engine_config, number("group_size", group_size, Integral, lambda v: v >= 1, "an integer >= 1")
 
 
+def _check_extras(speculative_config, batch_invariant: bool, accel, compile_decode: bool):
+    """speculative_config as a checked `SpeculativeConfig` (or None), and batch_invariant, which needs the
+    reference engine: accel's kernels pick their own splits by the rows of a step."""
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant must be True or False, got {batch_invariant!r}")
+    if batch_invariant and (accel is not False or compile_decode):
+        raise ValueError("batch_invariant=True runs the reference engine: leave accel and compile_decode off")
+    return SpeculativeConfig.from_dict(speculative_config), batch_invariant
+
+
 class LLM:
     """Load a model once, then generate, chat and stream through the continuous-batching engine.
 
@@ -62,6 +73,12 @@ class LLM:
     engine starts (`llm.engine.stats.cuda_graphs` graphs in `graph_capture_seconds`); `enforce_eager=True`
     (vLLM's name) runs them eagerly instead, and leaves `compile_decode` as it is.
 
+    `speculative_config` (vLLM's): guess tokens and verify them in one step, e.g. {"method": "ngram",
+    "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"method": "draft_model",
+    "num_speculative_tokens": 4} (the draft: this model in INT4, or "model"). Greedy output stays the same.
+    `batch_invariant=True`: every request gets the same logits whatever else is in its batch (reference
+    engine only; slower). See `engine/speculative.py` and `course_lib/batch_invariant.py`.
+
     Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free
     GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len.
     """
@@ -69,31 +86,38 @@ class LLM:
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: torch.dtype | str | None = None, quantization: str | None = None,
                  group_size: int = 32, accel=False, compile_decode: bool = False, enforce_eager: bool = False,
-                 **engine_args):
+                 speculative_config: dict | None = None, batch_invariant: bool = False, **engine_args):
         engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, enforce_eager,
                                                    engine_args)
+        extras = _check_extras(speculative_config, batch_invariant, accel, compile_decode)
         device, dtype = resolve_device_dtype(device, dtype)  # the policy: course_lib.dtypes
         weights = load_model(model, device=device, dtype=dtype)
         self._start(weights, load_tokenizer(model), engine_config, quantization, group_size, accel, compile_decode,
-                    enforce_eager)
+                    enforce_eager, *extras)
 
     @classmethod
     def from_model(cls, model: Transformer, tokenizer: Tokenizer, quantization: str | None = None,
                    group_size: int = 32, accel=False, compile_decode: bool = False, enforce_eager: bool = False,
+                   speculative_config: dict | None = None, batch_invariant: bool = False,
                    **engine_args) -> "LLM":
         """An LLM around a model already in memory (random weights of a real shape, a model built in a notebook),
-        on the model's device and dtype. `accel` and `quantization` change `model` in place."""
+        on the model's device and dtype. `accel`, `quantization` and `batch_invariant` change `model` in place."""
         llm = cls.__new__(cls)
         engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, enforce_eager,
                                                    engine_args)
-        llm._start(model, tokenizer, engine_config, quantization, group_size, accel, compile_decode, enforce_eager)
+        extras = _check_extras(speculative_config, batch_invariant, accel, compile_decode)
+        llm._start(model, tokenizer, engine_config, quantization, group_size, accel, compile_decode, enforce_eager,
+                   *extras)
         return llm
 
     def _start(self, model: Transformer, tokenizer: Tokenizer, engine_config: EngineConfig,
                quantization: str | None, group_size: int, accel, compile_decode: bool,
-               enforce_eager: bool = False) -> None:
+               enforce_eager: bool = False, speculative: SpeculativeConfig | None = None,
+               batch_invariant: bool = False) -> None:
         self.device, self.model, self.tokenizer = model.device, model, tokenizer
         self.accel = None
+        # The draft model comes from the weights as loaded, before accel repacks them (a draft is a plain model).
+        speculator = Speculator(speculative, model) if speculative is not None else None
         if accel is not False or compile_decode:  # the one place course_lib.accel touches the engine
             from ..accel import Accelerator, plan_for, reference_plan
 
@@ -109,8 +133,14 @@ class LLM:
             from ..quant import quantize_model
 
             quantize_model(self.model, quantization, group_size=group_size)
+        attention = None
+        if batch_invariant:
+            from ..batch_invariant import BatchInvariantAttention, make_batch_invariant
+
+            make_batch_invariant(self.model)
+            attention = BatchInvariantAttention
         self.config = self.model.config
-        self.engine = LLMEngine(self.model, self.tokenizer, engine_config, self.accel)
+        self.engine = LLMEngine(self.model, self.tokenizer, engine_config, self.accel, speculator, attention)
 
     @property
     def max_model_len(self) -> int:

@@ -1,6 +1,7 @@
 """`LLMEngine`: requests in, outputs out, one `step()` at a time.
 
-    step():  batch = scheduler.schedule()      # who runs, how many tokens each
+    step():  speculator.add_drafts(...)        # optional: guessed tokens after each decoding sequence
+             batch = scheduler.schedule()      # who runs, how many tokens each
              tokens = model_runner.run(batch)  # one packed forward + sampling
              self._postprocess(...)            # append tokens, detokenize, stop, free finished
              outputs -> each request's mailbox (OutputRouter); step() returns those of its own requests
@@ -90,15 +91,31 @@ class EngineStats:
     compile_seconds: float = 0.0  # time torch.compile took at start-up (`LLM(compile_decode=True)`)
     cuda_graphs: int = 0  # decode graphs captured at start-up, one per batch-size bucket (accel on CUDA)
     graph_capture_seconds: float = 0.0
+    spec_num_drafts: int = 0  # speculative decoding: verifications of drafted tokens
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        """The share of drafted tokens the model accepted, over the engine's life."""
+        return self.spec_num_accepted_tokens / self.spec_num_draft_tokens if self.spec_num_draft_tokens else None
+
+    @property
+    def spec_mean_accepted_length(self) -> float | None:
+        """Tokens emitted per verification: accepted drafts plus the model's own token."""
+        return 1 + self.spec_num_accepted_tokens / self.spec_num_drafts if self.spec_num_drafts else None
 
 
 class LLMEngine:
     """Continuous-batching engine over a paged KV cache.
 
-    `accel`: a `course_lib.accel.Accelerator` whose kernels the model runner uses, or None (the reference)."""
+    `accel`: a `course_lib.accel.Accelerator` whose kernels the model runner uses, or None (the reference).
+    `speculator`: an `engine.speculative.Speculator` that drafts tokens for decoding sequences, or None.
+    `attention`: an attention backend in place of the reference's or accel's (`course_lib.batch_invariant`)."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, config: EngineConfig | None = None, accel=None):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, config: EngineConfig | None = None, accel=None,
+                 speculator=None, attention=None):
+        self.model, self.tokenizer, self.speculator = model, tokenizer, speculator
         self.config = config = config or EngineConfig()
         budget = config.kv_cache_memory
         if budget is None:  # what max_num_seqs x max_model_len can use, within the device's cap
@@ -108,7 +125,7 @@ class LLMEngine:
         self.block_manager = BlockManager(kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens),
                                    self.block_manager)
-        self.model_runner = ModelRunner(model, kv_cache, accel)
+        self.model_runner = ModelRunner(model, kv_cache, accel, attention, speculator)
         limit = min(model.config.max_position_embeddings, kv_cache.num_blocks * config.block_size)
         if config.max_model_len is not None and not 1 <= config.max_model_len <= limit:
             raise ValueError(f"max_model_len must be in [1, {limit}] (the model's context and the KV cache), "
@@ -221,7 +238,7 @@ class LLMEngine:
             seq.abort()
             out = seq.output(seq.take_delta())  # before its blocks are freed (that resets num_cached_tokens)
             self.scheduler.finish(seq)
-            self.model_runner.sampler.release(request_id)
+            self._release(request_id)
             if self.router.is_claimed(request_id):
                 self.router.put(out)
             else:
@@ -275,9 +292,20 @@ class LLMEngine:
                 self.abort_request(rid)
                 self.router.close(rid)
 
+    def _release(self, request_id: str) -> None:
+        """Forget a finished or aborted request's sampling state (its RNG, its draft model's cache)."""
+        self.model_runner.sampler.release(request_id)
+        if self.speculator is not None:
+            self.speculator.release(request_id)
+
     def _step(self) -> None:
         """Schedule, run the model, post-process; outputs go to their requests' mailboxes. Hold the lock."""
+        proposed = []
+        if self.speculator is not None:  # drafts first: the scheduler gives them slots and computes them
+            proposed = self.speculator.add_drafts(self.scheduler.running, self.model_runner.sampler, self.model.device)
         batch = self.scheduler.schedule()
+        if proposed:
+            self.speculator.fit_drafts(batch, proposed, self.block_manager)
         if not batch.seqs:
             if self.scheduler.waiting and not self.scheduler.running:
                 raise RuntimeError("the next request does not fit in the free KV cache; raise kv_cache_memory")
@@ -291,23 +319,26 @@ class LLMEngine:
         for out in self._postprocess(batch, tokens):
             self.router.put(out)
 
-    def _postprocess(self, batch: ScheduledBatch, tokens: list[int | None]) -> list[RequestOutput]:
+    def _postprocess(self, batch: ScheduledBatch, tokens: list[int | list[int] | None]) -> list[RequestOutput]:
         outputs = []
         for seq, n, token in zip(batch.seqs, batch.num_tokens, tokens):
-            is_decode = seq.num_computed_tokens >= seq.num_prompt_tokens and n == 1
-            self.stats.decode_tokens += n if is_decode else 0
-            self.stats.prefill_tokens += 0 if is_decode else n
-            seq.num_computed_tokens += n
-            self.block_manager.cache_full_blocks(seq, seq.num_computed_tokens)
-            if token is None:
-                self.stats.partial_prefills += 1  # a prompt chunk: nothing to sample yet
-                continue
-            seq.append_token(token)
+            if isinstance(token, list):  # verified drafts: the tokens they give, at once
+                self._accept(seq, n, token)
+            else:
+                is_decode = seq.num_computed_tokens >= seq.num_prompt_tokens and n == 1
+                self.stats.decode_tokens += n if is_decode else 0
+                self.stats.prefill_tokens += 0 if is_decode else n
+                seq.num_computed_tokens += n
+                self.block_manager.cache_full_blocks(seq, seq.num_computed_tokens)
+                if token is None:
+                    self.stats.partial_prefills += 1  # a prompt chunk: nothing to sample yet
+                    continue
+                seq.append_token(token)
             outputs.append(seq.output(seq.take_delta()))  # before a finish frees the blocks (and num_cached_tokens)
             if seq.is_finished:
                 self.scheduler.finish(seq)
                 self.requests.pop(seq.request_id, None)
-                self.model_runner.sampler.release(seq.request_id)
+                self._release(seq.request_id)
         s = self.stats
         s.steps += 1
         s.batch_sizes.append(len(batch))
@@ -316,3 +347,21 @@ class LLMEngine:
         s.prefix_cache_hit_rate = self.block_manager.prefix_cache_hit_rate
         s.blocks_used, s.blocks_free = self.block_manager.num_used_blocks, self.block_manager.num_free_blocks
         return outputs
+
+    def _accept(self, seq: Sequence, n: int, tokens: list[int]) -> None:
+        """A sequence that verified its drafts: keep the K/V of its last token and of the accepted drafts, append
+        the tokens (each through the stop checks), give back the blocks the rejected drafts held."""
+        drafts = seq.drop_drafts()
+        accepted = len(tokens) - 1  # the tokens are the accepted drafts and one of the model's own
+        seq.metrics.record_speculation(len(drafts), accepted)
+        s = self.stats
+        s.decode_tokens += n
+        s.spec_num_drafts, s.spec_num_draft_tokens = s.spec_num_drafts + 1, s.spec_num_draft_tokens + len(drafts)
+        s.spec_num_accepted_tokens += accepted
+        seq.num_computed_tokens += 1 + accepted
+        for token in tokens:
+            seq.append_token(token)
+            if seq.is_finished:
+                break
+        self.block_manager.cache_full_blocks(seq, seq.num_computed_tokens)
+        self.block_manager.trim(seq)

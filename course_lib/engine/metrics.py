@@ -29,6 +29,9 @@ class RequestMetrics:
     token_times: list[float] = field(default_factory=list)
     num_prompt_tokens: int = 0
     request_id: str = ""
+    num_drafts: int = 0  # speculative decoding: steps that verified drafted tokens
+    num_draft_tokens: int = 0  # tokens drafted
+    num_accepted_tokens: int = 0  # of those, tokens the model agreed with
 
     def record_scheduled(self, t: float | None = None) -> None:
         """Mark that the request was scheduled; only the first call counts (preemption reschedules)."""
@@ -45,6 +48,23 @@ class RequestMetrics:
     def record_finished(self, t: float | None = None) -> None:
         """Mark the request as done (stop token, length limit or abort)."""
         self.finished_time = time.perf_counter() if t is None else t
+
+    def record_speculation(self, drafted: int, accepted: int) -> None:
+        """One speculative step: `drafted` guesses checked, `accepted` of them kept."""
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """The share of drafted tokens the model accepted (None without speculation)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens emitted per speculative step: the accepted drafts plus the model's own token (vLLM's
+        "mean acceptance length"); 1 means no draft ever helped."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
 
     @property
     def num_output_tokens(self) -> int:
@@ -93,4 +113,6 @@ class RequestMetrics:
             "tpot": self.tpot,
             "itl_mean": float(np.mean(itl)) if itl else None,
             "e2e_latency": self.e2e_latency,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
         }

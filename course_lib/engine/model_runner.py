@@ -5,6 +5,7 @@
     positions    [1, 7]  = [ 3  4  5  6  7 |  9 |  4]       where each token sits in its sequence
     slot_mapping [7]     = flat KV slot each token's K/V is written to (through the block tables)
     logits_index         = the last token of each sequence that finished its prompt: it samples
+                           (and, for a sequence verifying k drafted tokens, its last k + 1 positions)
 
 All of a step's integer inputs travel to the device in one copy (`PagedAttentionMetadata.to`), and the
 sampled tokens come back in one `.tolist()`: the step's only wait on the device.
@@ -24,19 +25,23 @@ class ModelRunner:
     """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`.
 
     `accel` (a `course_lib.accel.Accelerator`, or None for the reference engine) supplies the attention backend
-    and, with `compile_decode`, a compiled step for decode-only steps (compiled here, once).
+    and, with `compile_decode`, a compiled step for decode-only steps (compiled here, once). `attention` overrides
+    the backend (`course_lib.batch_invariant`); `speculator` verifies drafted tokens (`engine.speculative`).
     """
 
-    def __init__(self, model: Transformer, kv_cache: PagedKVCache, accel=None):
+    def __init__(self, model: Transformer, kv_cache: PagedKVCache, accel=None, attention=None, speculator=None):
         self.model = model
         self.kv_cache = kv_cache
-        self.attention = PagedAttention if accel is None else accel.attention  # (kv_cache, metadata) -> backend
+        # (kv_cache, metadata) -> backend
+        self.attention = attention or (PagedAttention if accel is None else accel.attention)
         self.sampler = Sampler()
+        self.speculator = speculator
         self.compiled_decode = None if accel is None else accel.decode_step(model, kv_cache)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[int | None]:
-        """One forward over the packed batch; returns the sampled token per sequence (None mid-prompt)."""
+    def run(self, batch: ScheduledBatch) -> list[int | list[int] | None]:
+        """One forward over the packed batch; returns the sampled token per sequence (None mid-prompt), or the
+        tokens a sequence's verified drafts give (a list)."""
         device = self.model.device
         ids, positions, samples, logits_index = [], [], [], []
         for seq, n in zip(batch.seqs, batch.num_tokens):
@@ -45,8 +50,8 @@ class ModelRunner:
             positions += range(start, start + n)
             done = start + n == len(seq)  # this step completes the sequence's known tokens: it samples
             samples.append(done)
-            if done:
-                logits_index.append(len(ids) - 1)
+            if done:  # its last position, or the last 1 + drafts positions when it verifies drafts
+                logits_index += range(len(ids) - 1 - seq.num_draft_tokens, len(ids))
         if (self.compiled_decode is not None and len(ids) == len(batch.seqs) == len(logits_index)
                 and self.compiled_decode.takes(len(ids))):
             slots = [slots_for(seq.block_table, [p], self.kv_cache.block_size)[0]
@@ -66,8 +71,27 @@ class ModelRunner:
         logits = self.model(input_ids, pos, kv=kv, logits_index=index)[0]
         return self._sample(logits, batch.seqs, samples)
 
-    def _sample(self, logits: torch.Tensor, seqs: list, samples: list[bool]) -> list[int | None]:
-        sampling = [seq for seq, s in zip(seqs, samples) if s]  # logits: [num_sampling, vocab]
-        tokens = iter(self.sampler(logits, [s.params for s in sampling], [s.token_ids for s in sampling],
-                                   [s.request_id for s in sampling]) if sampling else [])
-        return [next(tokens) if s else None for s in samples]
+    def _sample(self, logits: torch.Tensor, seqs: list, samples: list[bool]) -> list[int | list[int] | None]:
+        """Sample each sampling sequence's token from its row of logits, all rows in one batch; a sequence with
+        drafts owns 1 + drafts rows and gets the speculator's verdict instead."""
+        plain, rows, first, r = [], [], {}, 0  # first[i]: sequence i's first row of logits
+        for i, (seq, s) in enumerate(zip(seqs, samples)):
+            if s:
+                first[i] = r
+                if not seq.num_draft_tokens:
+                    plain.append(i)
+                    rows.append(r)
+                r += 1 + seq.num_draft_tokens
+        out: list = [None] * len(seqs)
+        if plain:
+            picked = logits if len(rows) == logits.shape[0] else logits[torch.tensor(rows, device=logits.device)]
+            tokens = self.sampler(picked, [seqs[i].params for i in plain], [seqs[i].token_ids for i in plain],
+                                  [seqs[i].request_id for i in plain])
+            for i, token in zip(plain, tokens):
+                out[i] = token
+        for i, r in first.items():
+            seq, d = seqs[i], seqs[i].num_draft_tokens
+            if d:
+                gen = self.sampler.generator_for(seq.request_id, seq.params, logits.device)
+                out[i] = self.speculator.verify(seq, logits[r:r + d + 1], seq.token_ids[len(seq) - d:], gen)
+        return out

@@ -112,6 +112,7 @@ class Scheduler:
         """Free a running sequence's blocks and put it first in line; it is recomputed later."""
         self.running.remove(seq)
         self.block_manager.free(seq)
+        seq.drop_drafts()  # guesses for this step (speculative decoding) go too: it restarts from its real tokens
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)

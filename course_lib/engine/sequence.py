@@ -64,6 +64,7 @@ class Sequence:
         self.block_table: list[int] = []  # physical KV block of each logical block
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.num_cached_tokens = 0  # of those, how many the prefix cache supplied
+        self.num_draft_tokens = 0  # speculative decoding: guessed tokens at the end of token_ids, not yet verified
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.metrics = RequestMetrics(num_prompt_tokens=len(prompt_token_ids), request_id=request_id)
@@ -97,6 +98,19 @@ class Sequence:
     @property
     def last_token_id(self) -> int:
         return self.token_ids[-1]
+
+    def add_drafts(self, drafts: list[int]) -> None:
+        """Put guessed tokens after the last real one: the scheduler computes them with it, in one step."""
+        self.token_ids += drafts
+        self.num_draft_tokens += len(drafts)
+
+    def drop_drafts(self, num: int | None = None) -> list[int]:
+        """Take the last `num` guessed tokens (all by default) off the end of token_ids; returns them."""
+        num = self.num_draft_tokens if num is None else num
+        dropped = self.token_ids[len(self.token_ids) - num:] if num else []
+        del self.token_ids[len(self.token_ids) - num:]
+        self.num_draft_tokens -= num
+        return dropped
 
     def append_token(self, token_id: int) -> None:
         """Record a sampled token, extend the text, and finish the sequence if a stop condition holds."""

@@ -132,29 +132,30 @@ class DraftModel:
     over them), then drafts k tokens greedily, or by sampling from its processed distribution (`probs`), one
     forward each. Rejected drafts cost nothing to undo: the cache's length is set back."""
 
-    def __init__(self, model: Transformer, max_len: int):
-        self.model, self.max_len = model, max_len
+    def __init__(self, model: Transformer):
+        self.model = model
         self.caches: dict[str, KVCache] = {}
         self.known: dict[str, list[int]] = {}  # the tokens whose K/V each request's cache holds
 
     @classmethod
-    def from_target(cls, target: Transformer, quantization: str | None, max_len: int) -> "DraftModel":
+    def from_target(cls, target: Transformer, quantization: str | None) -> "DraftModel":
         """The target itself, quantized (a copy: the target keeps its weights)."""
         from ..quant import quantize_model
 
         draft = copy.deepcopy(target)
         if quantization is not None:
             quantize_model(draft, quantization, group_size=32)  # as LLM(quantization=...) groups them
-        return cls(draft, max_len)
+        return cls(draft)
 
     @torch.inference_mode()
-    def propose(self, request_id: str, token_ids: list[int], k: int, sample_probs=None,
+    def propose(self, request_id: str, token_ids: list[int], k: int, capacity: int, sample_probs=None,
                 generator: torch.Generator | None = None) -> tuple[list[int], torch.Tensor | None]:
         """Up to k draft tokens after `token_ids`, and their draft probabilities [k, vocab] when `sample_probs`
-        (logits [vocab] -> probs [vocab], the request's sampling filters) is given; greedy otherwise."""
+        (logits [vocab] -> probs [vocab], the request's sampling filters) is given; greedy otherwise.
+        `capacity`: the most tokens the request can ever hold (its cache is made that long, once)."""
         cache = self.caches.get(request_id)
         if cache is None:
-            cache = self.caches[request_id] = KVCache(self.model.config, self.max_len, 1, self.model.device,
+            cache = self.caches[request_id] = KVCache(self.model.config, capacity, 1, self.model.device,
                                                       self.model.dtype)
             self.known[request_id] = []
         known = self.known[request_id]
@@ -164,7 +165,7 @@ class DraftModel:
                 break
             same += 1
         same = min(same, len(token_ids) - 1)  # at least the last token goes through the model
-        k = min(k, self.max_len - len(token_ids))
+        k = min(k, cache.max_seq_len - len(token_ids))
         if k <= 0:
             return [], None
         cache.seq_len = same
@@ -186,3 +187,96 @@ class DraftModel:
     def release(self, request_id: str) -> None:
         self.caches.pop(request_id, None)
         self.known.pop(request_id, None)
+
+
+class Speculator:
+    """The engine's side of speculative decoding: drafts for each decoding sequence before a step, and the tokens
+    its verified logits allow after it. Needs the engine's sampler for the requests' seeded generators."""
+
+    def __init__(self, config: SpeculativeConfig, target: Transformer):
+        self.config = config
+        self.draft: DraftModel | None = None
+        if config.method == "draft_model":
+            if config.model is None:
+                self.draft = DraftModel.from_target(target, config.quantization)
+            else:
+                from ..loading import load_model
+                from ..quant import quantize_model
+
+                model = load_model(config.model, device=target.device, dtype=target.dtype)
+                if model.config.vocab_size != target.config.vocab_size:
+                    raise ValueError(f"the draft model's vocabulary ({model.config.vocab_size}) differs from the "
+                                     f"target's ({target.config.vocab_size}): they must share a tokenizer")
+                if config.quantization is not None:
+                    quantize_model(model, config.quantization, group_size=32)
+                self.draft = DraftModel(model)
+        self.draft_probs: dict[str, torch.Tensor | None] = {}  # this step's q of each sampled request
+
+    def propose(self, seq, generator: torch.Generator | None = None) -> list[int]:
+        """Draft tokens for a sequence about to decode: at most num_speculative_tokens, and never more than its
+        max_tokens and the context window leave room for (the step also emits one token of the model's own)."""
+        from ..sampling import processed_logits
+
+        room = min(seq.params.max_tokens - seq.num_output_tokens, seq.max_model_len - len(seq)) - 1
+        k = min(self.config.num_speculative_tokens, room)
+        if k <= 0:
+            return []
+        if self.draft is None:
+            return ngram_propose(seq.token_ids, k, self.config.prompt_lookup_max, self.config.prompt_lookup_min)
+        sample = None
+        if not seq.params.greedy:
+            seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
+
+            def sample(logits):  # the draft's q, with the request's own filters (the penalty on the context)
+                return processed_logits(logits, seq.params, seen.to(logits.device)).softmax(-1)
+        capacity = min(seq.max_model_len, seq.num_prompt_tokens + seq.params.max_tokens)
+        drafts, q = self.draft.propose(seq.request_id, seq.token_ids, k, capacity, sample, generator)
+        self.draft_probs[seq.request_id] = q
+        return drafts
+
+    def verify(self, seq, logits: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None) -> list[int]:
+        """The tokens to emit, from the model's logits [len(drafts) + 1, vocab] at the positions of the last
+        real token and each draft: greedy by `greedy_accept`, sampled by `accept_or_resample`."""
+        from ..sampling import processed_logits
+
+        history = seq.token_ids[:len(seq) - len(drafts)]
+        rows = []
+        for i in range(len(drafts) + 1):  # each position's own filters: the penalty sees the drafts before it
+            seen = None
+            if seq.params.repetition_penalty != 1.0:
+                seen = torch.tensor(sorted(set(history + drafts[:i])), dtype=torch.long, device=logits.device)
+            rows.append(processed_logits(logits[i], seq.params, seen))
+        processed = torch.stack(rows)  # [k + 1, vocab], float32
+        q = self.draft_probs.pop(seq.request_id, None)
+        q = None if q is None else q[:len(drafts)]  # the step may have computed fewer drafts than proposed
+        if seq.params.greedy:
+            return greedy_accept(processed.argmax(-1).tolist(), drafts)
+        return accept_or_resample(processed.softmax(-1), q, drafts, generator)
+
+    def add_drafts(self, running: list, sampler, device: torch.device) -> list:
+        """Before a step: put drafts after the last token of every running sequence that is decoding (its tokens
+        all computed but the last); returns those that got some."""
+        proposed = []
+        for seq in running:
+            if seq.num_output_tokens and seq.num_computed_tokens == len(seq) - 1:
+                drafts = self.propose(seq, sampler.generator_for(seq.request_id, seq.params, device))
+                if drafts:
+                    seq.add_drafts(drafts)
+                    proposed.append(seq)
+        return proposed
+
+    @staticmethod
+    def fit_drafts(batch, proposed: list, block_manager) -> None:
+        """After scheduling: a sequence keeps only the drafts its step computes (the token budget may cut them,
+        or leave it out), and gives back blocks it took for the rest."""
+        scheduled = {id(seq): n for seq, n in zip(batch.seqs, batch.num_tokens)}
+        for seq in proposed:
+            extra = seq.num_draft_tokens - max(0, scheduled.get(id(seq), 0) - 1)
+            if extra > 0:
+                seq.drop_drafts(extra)
+                block_manager.trim(seq)
+
+    def release(self, request_id: str) -> None:
+        self.draft_probs.pop(request_id, None)
+        if self.draft is not None:
+            self.draft.release(request_id)

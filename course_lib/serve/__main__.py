@@ -12,6 +12,7 @@ abort the rest, exit.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import threading
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--default-max-tokens", type=int, default=16, help="max_tokens when a request gives none")
     ap.add_argument("--compile-decode", action="store_true", help="torch.compile the decode step (minutes)")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (vLLM's flag)")
+    ap.add_argument("--speculative-config", type=json.loads, default=None,
+                    help='JSON, as vLLM takes it: \'{"method": "ngram", "num_speculative_tokens": 4}\'')
     ap.add_argument("--reference", action="store_true",
                     help="run the pure-PyTorch reference engine (default: LLM(accel=True), this machine's kernels)")
     ap.add_argument("--graceful-seconds", type=int, default=30, help="on shutdown, how long open requests get")
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
                                          max_model_len=args.max_model_len).items() if v is not None}
     llm = LLM(args.model, device=args.device, dtype=args.dtype, quantization=args.quantization,
               accel=not args.reference, compile_decode=args.compile_decode, enforce_eager=args.enforce_eager,
-              **engine_args)
+              speculative_config=args.speculative_config, **engine_args)
     name = args.served_model_name or (Path(args.model).stem if args.model else "SmolLM2-135M-Instruct")
     # uvicorn in a thread, the engine loop in this one: the thread that loaded the model steps it (see AsyncEngine).
     app = create_app(llm, name, args.default_max_tokens, engine_thread=False, config=config)

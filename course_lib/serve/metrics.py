@@ -11,6 +11,10 @@
                                                       (last token - first token) / (tokens - 1) (TPOT)
     course_lib:e2e_request_latency_seconds histogram  arrival to finish, one per finished request
     course_lib:request_success_total       counter    finished requests, by finish_reason
+    course_lib:spec_decode_num_drafts_total, _num_draft_tokens_total, _num_accepted_tokens_total
+                                           counters   speculative decoding: verifications, drafted tokens,
+                                                      accepted tokens (of finished requests); acceptance rate =
+                                                      accepted / drafted, mean accepted length = 1 + accepted / drafts
 
 ITL and TPOT differ in what one observation is: a slow step shows in the ITL histogram as one long gap
 per request it delayed, while in TPOT it is averaged into each request's mean. vLLM removed its older
@@ -55,6 +59,9 @@ class ServerMetrics:
                              buckets=LATENCY_BUCKETS, **labels).labels(model)
         self._success = Counter(f"{PREFIX}request_success", "Finished requests.",
                                 labelnames=["model_name", "finished_reason"], registry=registry)
+        self.spec = {name: Counter(f"{PREFIX}spec_decode_{name}", help_, **labels).labels(model) for name, help_ in (
+            ("num_drafts", "Speculative steps that verified drafted tokens."),
+            ("num_draft_tokens", "Tokens drafted."), ("num_accepted_tokens", "Drafted tokens the model accepted."))}
         self.model = model
 
     def observe(self, out: RequestOutput, tokens_before: int) -> int:
@@ -74,6 +81,8 @@ class ServerMetrics:
             if out.metrics.e2e_latency is not None:
                 self.e2e.observe(out.metrics.e2e_latency)
             self._success.labels(self.model, out.outputs[0].finish_reason or "abort").inc()
+            for name, counter in self.spec.items():
+                counter.inc(getattr(out.metrics, name))
         return tokens
 
     def exposition(self) -> bytes:
