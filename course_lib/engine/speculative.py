@@ -234,7 +234,8 @@ class Speculator:
         self.draft_probs[seq.request_id] = q
         return drafts
 
-    def verify(self, seq, logits: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None) -> list[int]:
+    def verify(self, seq, logits: torch.Tensor, drafts: list[int],
+               generator: torch.Generator | None = None) -> list[int]:
         """The tokens to emit, from the model's logits [len(drafts) + 1, vocab] at the positions of the last
         real token and each draft: greedy by `greedy_accept`, sampled by `accept_or_resample`."""
         from ..sampling import processed_logits
