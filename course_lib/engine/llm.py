@@ -62,6 +62,10 @@ class LLM:
     engine starts (`llm.engine.stats.cuda_graphs` graphs in `graph_capture_seconds`); `enforce_eager=True`
     (vLLM's name) runs them eagerly instead, and leaves `compile_decode` as it is.
 
+    `tensor_parallel_size=N` (vLLM's name) splits every layer over N processes (`course_lib.parallel`): this one
+    is rank 0 and schedules, N - 1 workers are started here and stopped by `close()` (or `with LLM(...) as llm`,
+    or at exit). Not with `accel` or `compile_decode`; `kv_cache_memory` is per rank.
+
     Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free
     GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len.
     """
@@ -69,32 +73,40 @@ class LLM:
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: torch.dtype | str | None = None, quantization: str | None = None,
                  group_size: int = 32, accel=False, compile_decode: bool = False, enforce_eager: bool = False,
-                 **engine_args):
+                 tensor_parallel_size: int = 1, **engine_args):
         engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, enforce_eager,
                                                    engine_args)
         device, dtype = resolve_device_dtype(device, dtype)  # the policy: course_lib.dtypes
         weights = load_model(model, device=device, dtype=dtype)
         self._start(weights, load_tokenizer(model), engine_config, quantization, group_size, accel, compile_decode,
-                    enforce_eager)
+                    enforce_eager, tensor_parallel_size)
 
     @classmethod
     def from_model(cls, model: Transformer, tokenizer: Tokenizer, quantization: str | None = None,
                    group_size: int = 32, accel=False, compile_decode: bool = False, enforce_eager: bool = False,
-                   **engine_args) -> "LLM":
+                   tensor_parallel_size: int = 1, **engine_args) -> "LLM":
         """An LLM around a model already in memory (random weights of a real shape, a model built in a notebook),
-        on the model's device and dtype. `accel` and `quantization` change `model` in place."""
+        on the model's device and dtype. `accel`, `quantization` and `tensor_parallel_size` change `model` in place."""
         llm = cls.__new__(cls)
         engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, enforce_eager,
                                                    engine_args)
-        llm._start(model, tokenizer, engine_config, quantization, group_size, accel, compile_decode, enforce_eager)
+        llm._start(model, tokenizer, engine_config, quantization, group_size, accel, compile_decode, enforce_eager,
+                   tensor_parallel_size)
         return llm
 
     def _start(self, model: Transformer, tokenizer: Tokenizer, engine_config: EngineConfig,
                quantization: str | None, group_size: int, accel, compile_decode: bool,
-               enforce_eager: bool = False) -> None:
+               enforce_eager: bool = False, tensor_parallel_size: int = 1) -> None:
         self.device, self.model, self.tokenizer = model.device, model, tokenizer
-        self.accel = None
-        if accel is not False or compile_decode:  # the one place course_lib.accel touches the engine
+        self.accel = self.workers = None
+        tp = number("tensor_parallel_size", tensor_parallel_size, Integral, lambda v: v >= 1, "an integer >= 1")
+        if tp > 1:  # shards (and quantizes) `model` as rank 0, starts ranks 1..tp-1
+            if accel is not False or compile_decode:
+                raise ValueError("tensor_parallel_size > 1 runs the reference engine: leave accel and compile_decode off")
+            from ..parallel import TensorParallelWorkers
+
+            self.workers = TensorParallelWorkers(model, tp, quantization, group_size)
+        elif accel is not False or compile_decode:  # the one place course_lib.accel touches the engine
             from ..accel import Accelerator, plan_for, reference_plan
 
             if accel is True:
@@ -110,7 +122,22 @@ class LLM:
 
             quantize_model(self.model, quantization, group_size=group_size)
         self.config = self.model.config
-        self.engine = LLMEngine(self.model, self.tokenizer, engine_config, self.accel)
+        try:
+            self.engine = LLMEngine(self.model, self.tokenizer, engine_config, self.accel)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent); the LLM cannot generate afterwards."""
+        if self.workers is not None:
+            self.workers.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def max_model_len(self) -> int:
