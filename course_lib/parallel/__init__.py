@@ -5,10 +5,11 @@
     LLM(tensor_parallel_size=3)               # rank 0 here, ranks 1..2 spawned (gloo on the CPU, NCCL on CUDA)
     torchrun --nproc-per-node 3 -m course_lib.parallel   # the same split, every rank launched by torchrun
 """
-from .accounting import comm_per_token, weight_bytes
+from .accounting import comm_per_token, rank_weight_bytes, weight_bytes
 from .layers import COMM, CommStats, RowParallelLinear, VocabParallelEmbedding, VocabParallelLMHead
 from .shard import TPShard, plan_shard, rank_config, shard_model
 from .workers import TensorParallelWorkers
 
 __all__ = ["COMM", "CommStats", "RowParallelLinear", "TPShard", "TensorParallelWorkers", "VocabParallelEmbedding",
-           "VocabParallelLMHead", "comm_per_token", "plan_shard", "rank_config", "shard_model", "weight_bytes"]
+           "VocabParallelLMHead", "comm_per_token", "plan_shard", "rank_config", "rank_weight_bytes", "shard_model",
+           "weight_bytes"]

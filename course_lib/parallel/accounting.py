@@ -41,3 +41,20 @@ def comm_per_token(config: ModelConfig, tp: int, dtype: torch.dtype) -> CommPerT
     n = 2 * config.num_layers + 1
     padded_vocab = -(-config.vocab_size // tp) * tp
     return CommPerToken(n, n * config.hidden_size * itemsize, padded_vocab * itemsize)
+
+
+def rank_weight_bytes(config: ModelConfig, tp: int, dtype: torch.dtype) -> int:
+    """The formula for what `weight_bytes` finds on each rank of an unquantized model (`config`: the full one).
+
+    Split by tp: q/o (num_heads / tp heads), gate/up/down (intermediate / tp), the vocabulary (padded rows).
+    Replicated: the norms; k/v too when there are fewer KV heads than ranks (one KV head per rank).
+    """
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    h, d, L = config.hidden_size, config.head_dim, config.num_layers
+    q, kv = config.num_heads // tp * d, max(config.num_kv_heads // tp, 1) * d
+    bias = (q + 2 * kv) if config.attention_bias else 0
+    per_layer = h * q * 2 + h * kv * 2 + bias + 3 * h * (config.intermediate_size // tp) + 2 * h
+    vocab_rows = -(-config.vocab_size // tp)
+    tables = 1 if config.tie_word_embeddings else 2
+    rope = d // 2 * 4  # the float32 inv_freq buffer
+    return (L * per_layer + h + tables * vocab_rows * h) * itemsize + rope
