@@ -15,7 +15,7 @@ from course_lib import LLM, SamplingParams
 from course_lib.attention.paged import PagedKVCache
 from course_lib.config import ModelConfig
 from course_lib.model import Transformer
-from course_lib.parallel import (COMM, TensorParallelWorkers, comm_per_token, plan_shard, rank_config,
+from course_lib.parallel import (TensorParallelWorkers, comm_per_token, plan_shard, rank_config,
                                  rank_weight_bytes)
 from course_lib.quant import QuantLinear, quantize_model
 
@@ -63,14 +63,13 @@ def test_two_ranks_give_single_process_logits(num_kv_heads, tie):
     workers = TensorParallelWorkers(model, 2)
     try:
         assert model.config.num_heads == 2 and model.config.num_kv_heads == max(num_kv_heads // 2, 1)
-        COMM.reset()
         with torch.inference_mode():
             got = model(ids)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
         formula = comm_per_token(full, 2, torch.float32)
-        assert COMM.all_reduces == formula.all_reduces == 2 * full.num_layers + 1
-        assert COMM.all_reduce_bytes == formula.all_reduce_bytes * ids.numel()
-        assert COMM.all_gather_bytes == formula.all_gather_bytes * ids.numel()
+        assert model.comm.all_reduces == formula.all_reduces == 2 * full.num_layers + 1
+        assert model.comm.all_reduce_bytes == formula.all_reduce_bytes * ids.numel()
+        assert model.comm.all_gather_bytes == formula.all_gather_bytes * ids.numel()
         expected = rank_weight_bytes(full, 2, torch.float32)
         assert workers.weight_bytes == {0: expected, 1: expected}  # each rank measured in its own process
     finally:
@@ -94,15 +93,14 @@ def test_llm_two_ranks_greedy_tokens_identical_with_preemption(tokenizer):
     assert ref.engine.stats.preemptions > 0
     full = small().config
     with LLM.from_model(small(), tokenizer, tensor_parallel_size=2, **engine_options(full, 2, 24)) as llm:
-        COMM.reset()
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        stats, cache = llm.engine.stats, llm.engine.kv_cache
+        stats, cache, comm = llm.engine.stats, llm.engine.kv_cache, llm.model.comm
         assert stats.preemptions > 0
         assert got == want
         formula = comm_per_token(full, 2, torch.float32)
         tokens_run = stats.prefill_tokens + stats.decode_tokens  # recomputed prompts included
-        assert COMM.all_reduce_bytes == formula.all_reduce_bytes * tokens_run
-        assert COMM.all_gather_bytes == formula.all_gather_bytes * sum(len(t) for t in got)  # one row per sample
+        assert comm.all_reduce_bytes == formula.all_reduce_bytes * tokens_run
+        assert comm.all_gather_bytes == formula.all_gather_bytes * sum(len(t) for t in got)  # one row per sample
         assert cache.num_blocks == 24
         assert cache.nbytes == 24 * 4 * llm.model.config.kv_bytes_per_token(torch.float32)
         assert 2 * cache.nbytes == 24 * 4 * full.kv_bytes_per_token(torch.float32)
@@ -131,17 +129,18 @@ def test_killed_worker_is_an_error_within_seconds(tokenizer):
         assert len(llm.generate([[1, 2]], SamplingParams(max_tokens=3))[0].outputs[0].token_ids) == 3
 
 
-def test_int8_sharded(tokenizer):
-    """INT8 after sharding: every rank quantizes its slices (fewer bytes), and the logits move from the float ones
-    about as much as the single-process INT8 model's do (the row-parallel layers' scales see half the inputs)."""
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_shards(method):
+    """Quantized after sharding: every rank quantizes its slices (fewer bytes), and the logits move from the float
+    ones about as much as the single-process quantized model's do (row-parallel scales see half the inputs)."""
     model = small(2, tie=True)
     full = model.config
     ids = torch.arange(10, 30)[None]
     with torch.inference_mode():
         want = model(ids)
-        single = (quantize_model(small(2, tie=True), "int8")(ids) - want).abs().max().item()
+        single = (quantize_model(small(2, tie=True), method, group_size=32)(ids) - want).abs().max().item()
     float_bytes = rank_weight_bytes(full, 2, torch.float32)
-    workers = TensorParallelWorkers(model, 2, quantization="int8")
+    workers = TensorParallelWorkers(model, 2, quantization=method, group_size=32)
     try:
         assert isinstance(model.layers[0].self_attn.q_proj, QuantLinear)
         assert isinstance(model.layers[0].self_attn.o_proj.linear, QuantLinear)  # inside the row-parallel wrapper

@@ -6,10 +6,10 @@
     torchrun --nproc-per-node 3 -m course_lib.parallel   # the same split, every rank launched by torchrun
 """
 from .accounting import comm_per_token, rank_weight_bytes, weight_bytes
-from .layers import COMM, CommStats, RowParallelLinear, VocabParallelEmbedding, VocabParallelLMHead
+from .layers import CommStats, RowParallelLinear, VocabParallelEmbedding, VocabParallelLMHead
 from .shard import TPShard, plan_shard, rank_config, shard_model
 from .workers import TensorParallelWorkers
 
-__all__ = ["COMM", "CommStats", "RowParallelLinear", "TPShard", "TensorParallelWorkers", "VocabParallelEmbedding",
+__all__ = ["CommStats", "RowParallelLinear", "TPShard", "TensorParallelWorkers", "VocabParallelEmbedding",
            "VocabParallelLMHead", "comm_per_token", "plan_shard", "rank_config", "rank_weight_bytes", "shard_model",
            "weight_bytes"]

@@ -18,7 +18,6 @@ import torch.distributed as dist
 from ..config import ModelConfig
 from ..model import Transformer
 from .accounting import comm_per_token, weight_bytes
-from .layers import COMM
 from .shard import shard_model
 
 
@@ -56,7 +55,6 @@ def main(argv: list[str] | None = None) -> None:
         want = model(ids)
         full = model.config
         shard_model(model, rank, world)
-        COMM.reset()
         got = model(ids)
     formula = comm_per_token(full, world, model.dtype)
     if rank == 0:
@@ -64,8 +62,9 @@ def main(argv: list[str] | None = None) -> None:
               f"{(got - want).abs().max().item():.2e}")
         print(f"rank 0 holds {weight_bytes(model) / 2**20:.2f} MiB of weights, "
               f"{model.config.num_heads} query / {model.config.num_kv_heads} KV heads")
-        print(f"all-reduce bytes: counted {COMM.all_reduce_bytes}, formula {formula.all_reduce_bytes * ids.numel()}; "
-              f"all-gather bytes: counted {COMM.all_gather_bytes}, formula {formula.all_gather_bytes * ids.numel()}")
+        n, comm = ids.numel(), model.comm
+        print(f"all-reduce bytes: counted {comm.all_reduce_bytes}, formula {formula.all_reduce_bytes * n}; "
+              f"all-gather bytes: counted {comm.all_gather_bytes}, formula {formula.all_gather_bytes * n}")
     dist.destroy_process_group()
 
 

@@ -6,7 +6,8 @@
     vocab-parallel lm_head:              logits = all_gather(x @ W[vocab slice of rank r]^T) along vocab
 
 Column-parallel layers need no class: they are ordinary `nn.Linear`s holding fewer output rows.
-Every collective goes through `all_reduce` / `all_gather` below, which count the bytes they move in `COMM`.
+Every collective goes through `all_reduce` / `all_gather_last` below, which count the bytes they move in the
+`CommStats` that `shard_model` hands each layer (one per model: `model.comm`).
 """
 from __future__ import annotations
 
@@ -31,24 +32,21 @@ class CommStats:
         self.all_reduces = self.all_reduce_bytes = self.all_gathers = self.all_gather_bytes = 0
 
 
-COMM = CommStats()
-
-
-def all_reduce(x: torch.Tensor, group=None) -> torch.Tensor:
-    """Sum `x` over the ranks of `group`, in place; counted in `COMM`."""
-    COMM.all_reduces += 1
-    COMM.all_reduce_bytes += x.numel() * x.element_size()
+def all_reduce(x: torch.Tensor, stats: CommStats, group=None) -> torch.Tensor:
+    """Sum `x` over the ranks of `group`, in place; counted in `stats`."""
+    stats.all_reduces += 1
+    stats.all_reduce_bytes += x.numel() * x.element_size()
     dist.all_reduce(x, group=group)
     return x
 
 
-def all_gather_last(x: torch.Tensor, group=None) -> torch.Tensor:
-    """Concatenate every rank's `x` along the last dimension; counted in `COMM`."""
+def all_gather_last(x: torch.Tensor, stats: CommStats, group=None) -> torch.Tensor:
+    """Concatenate every rank's `x` along the last dimension; counted in `stats`."""
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, x.contiguous(), group=group)
     out = torch.cat(parts, dim=-1)
-    COMM.all_gathers += 1
-    COMM.all_gather_bytes += out.numel() * out.element_size()
+    stats.all_gathers += 1
+    stats.all_gather_bytes += out.numel() * out.element_size()
     return out
 
 
@@ -58,19 +56,20 @@ class RowParallelLinear(nn.Module):
     The inner `nn.Linear` stays a plain linear layer, so `quantize_model` swaps it like any other.
     """
 
-    def __init__(self, linear: nn.Module, group=None):
+    def __init__(self, linear: nn.Module, stats: CommStats, group=None):
         super().__init__()
-        self.linear, self.group = linear, group
+        self.linear, self.stats, self.group = linear, stats, group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(self.linear(x), self.group)
+        return all_reduce(self.linear(x), self.stats, self.group)
 
 
 class VocabParallelEmbedding(nn.Module):
     """Rows [start, start + rows) of the embedding table; ids held elsewhere look up zeros, then ranks sum."""
 
-    def __init__(self, weight: nn.Parameter, start: int, vocab_size: int, group=None):
+    def __init__(self, weight: nn.Parameter, start: int, vocab_size: int, stats: CommStats, group=None):
         super().__init__()
+        self.stats = stats
         self.weight = weight  # [rows (padded), hidden]; the lm_head's too when the embeddings are tied
         self.start, self.vocab_size, self.group = start, vocab_size, group
 
@@ -78,7 +77,7 @@ class VocabParallelEmbedding(nn.Module):
         local = ids - self.start
         held = (local >= 0) & (local < self.weight.shape[0]) & (ids < self.vocab_size)
         x = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight) * held[..., None]
-        return all_reduce(x, self.group)
+        return all_reduce(x, self.stats, self.group)
 
 
 class VocabParallelLMHead(nn.Module):
@@ -87,9 +86,10 @@ class VocabParallelLMHead(nn.Module):
     Holds a bare weight (not an `nn.Linear`), so `quantize_model` leaves it alone, as it leaves `lm_head`.
     """
 
-    def __init__(self, weight: nn.Parameter, vocab_size: int, group=None):
+    def __init__(self, weight: nn.Parameter, vocab_size: int, stats: CommStats, group=None):
         super().__init__()
+        self.stats = stats
         self.weight, self.vocab_size, self.group = weight, vocab_size, group  # [rows (padded), hidden]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_gather_last(F.linear(x, self.weight), self.group)[..., :self.vocab_size]  # [..., vocab]
+        return all_gather_last(F.linear(x, self.weight), self.stats, self.group)[..., :self.vocab_size]  # [..., vocab]

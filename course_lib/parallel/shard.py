@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from ..config import ModelConfig
 from ..model import Transformer
-from .layers import RowParallelLinear, VocabParallelEmbedding, VocabParallelLMHead
+from .layers import CommStats, RowParallelLinear, VocabParallelEmbedding, VocabParallelLMHead
 
 
 @dataclass(frozen=True)
@@ -75,14 +75,14 @@ def _rows(linear: nn.Linear, start: int, stop: int) -> nn.Linear:
     return out
 
 
-def _cols(linear: nn.Linear, start: int, stop: int, group) -> RowParallelLinear:
+def _cols(linear: nn.Linear, start: int, stop: int, stats: CommStats, group) -> RowParallelLinear:
     """Input columns [start, stop) of `linear`, its output summed over ranks (row-parallel; no bias here)."""
     if linear.bias is not None:
         raise ValueError("a row-parallel layer with a bias would add it once per rank")
     w = linear.weight
     out = nn.Linear(stop - start, w.shape[0], bias=False, device=w.device, dtype=w.dtype)
     out.weight.data.copy_(w.data[:, start:stop])
-    return RowParallelLinear(out, group)
+    return RowParallelLinear(out, stats, group)
 
 
 def _vocab_rows(weight: torch.Tensor, shard: TPShard) -> nn.Parameter:
@@ -97,7 +97,7 @@ def shard_model(model: Transformer, rank: int, world_size: int, group=None) -> T
     """Replace `model`'s layers by this rank's slices, in place, and return it. Call before `quantize_model`.
 
     The sharded forward issues its own collectives on `group` (default: the default process group), so every
-    rank must run the same forward with the same inputs at the same time.
+    rank must run the same forward with the same inputs at the same time. `model.comm` counts them (`CommStats`).
     """
     if getattr(model, "tp", None) is not None:
         raise ValueError("this model is already sharded")
@@ -106,20 +106,21 @@ def shard_model(model: Transformer, rank: int, world_size: int, group=None) -> T
     d, inter = config.head_dim, config.intermediate_size // world_size
     q0, q1 = shard.q_heads.start * d, shard.q_heads.stop * d
     k0, k1 = shard.kv_heads.start * d, shard.kv_heads.stop * d
+    stats = CommStats()
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         attn.q_proj = _rows(attn.q_proj, q0, q1)
         attn.k_proj = _rows(attn.k_proj, k0, k1)
         attn.v_proj = _rows(attn.v_proj, k0, k1)
-        attn.o_proj = _cols(attn.o_proj, q0, q1, group)
+        attn.o_proj = _cols(attn.o_proj, q0, q1, stats, group)
         attn.num_heads, attn.num_kv_heads = len(shard.q_heads), len(shard.kv_heads)  # what Attention reshapes by
         mlp.gate_proj = _rows(mlp.gate_proj, rank * inter, (rank + 1) * inter)
         mlp.up_proj = _rows(mlp.up_proj, rank * inter, (rank + 1) * inter)
-        mlp.down_proj = _cols(mlp.down_proj, rank * inter, (rank + 1) * inter, group)
+        mlp.down_proj = _cols(mlp.down_proj, rank * inter, (rank + 1) * inter, stats, group)
     embed = _vocab_rows(model.embed_tokens.weight, shard)
     head = embed if config.tie_word_embeddings else _vocab_rows(model.lm_head.weight, shard)
-    model.embed_tokens = VocabParallelEmbedding(embed, shard.vocab_start, config.vocab_size, group)
-    model.lm_head = VocabParallelLMHead(head, config.vocab_size, group)
-    model.tp = shard
+    model.embed_tokens = VocabParallelEmbedding(embed, shard.vocab_start, config.vocab_size, stats, group)
+    model.lm_head = VocabParallelLMHead(head, config.vocab_size, stats, group)
+    model.tp, model.comm = shard, stats
     model.config = rank_config(shard)
     return model
