@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import socket
 import time
 import weakref
@@ -56,6 +57,7 @@ def _prepare(model: Transformer, rank: int, tp: int, quantization: str | None, g
 def _worker(rank: int, tp: int, addr: str, backend: str, config: ModelConfig, dtype: torch.dtype, device: str,
             state: dict, quantization: str | None, group_size: int, ready, timeout_s: float) -> None:
     """Ranks 1..N-1: build and shard the model, then run every forward rank 0 broadcasts until it says stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 decides, then stops us
     try:
         device = _device_for(torch.device(device), rank)
         if device.type == "cuda":
@@ -181,6 +183,8 @@ class TensorParallelWorkers:
                 dist.broadcast_object_list([None], src=0, group=self.control)
             for p in self.procs:
                 p.join(timeout=10)
+        except RuntimeError:  # a worker already gone: nothing to tell it; the ones left are killed below
+            pass
         finally:
             self._kill()
 
