@@ -102,7 +102,8 @@ class LLM:
         tp = number("tensor_parallel_size", tensor_parallel_size, Integral, lambda v: v >= 1, "an integer >= 1")
         if tp > 1:  # shards (and quantizes) `model` as rank 0, starts ranks 1..tp-1
             if accel is not False or compile_decode:
-                raise ValueError("tensor_parallel_size > 1 runs the reference engine: leave accel and compile_decode off")
+                raise ValueError("tensor_parallel_size > 1 runs the reference engine: "
+                                 "leave accel and compile_decode off")
             from ..parallel import TensorParallelWorkers
 
             self.workers = TensorParallelWorkers(model, tp, quantization, group_size)

@@ -1,12 +1,13 @@
 """`shard_model`: cut the ordinary `Transformer` down to one rank's share, in place (Megatron-style).
 
-    attention:  q/k/v column-parallel by heads -> each rank attends with its own heads -> o_proj row-parallel + all-reduce
-    MLP:        gate/up column-parallel         -> silu(g) * u on the rank's slice      -> down row-parallel + all-reduce
+    attention:  q/k/v column-parallel by heads -> attend with the rank's heads -> o_proj row-parallel + all-reduce
+    MLP:        gate/up column-parallel        -> silu(g) * u on its slice     -> down row-parallel + all-reduce
     embedding and lm_head: vocabulary-parallel (masked lookup + all-reduce; logits slice + all-gather)
 
 The query heads and the MLP must split evenly (no padding): the default SmolLM2-135M (9 query heads, 3 KV heads,
-MLP width 1536) runs with tp = 1 or 3 (3 query heads and 1 KV head per rank); tp = 2 is refused, naming the heads. KV heads split when num_kv_heads % tp == 0 and are
-replicated when tp % num_kv_heads == 0 (fewer KV heads than ranks: each rank keeps the one its query heads use).
+MLP width 1536) runs with tp = 1 or 3 (3 query heads and 1 KV head per rank); tp = 2 is refused, naming the heads.
+KV heads split when num_kv_heads % tp == 0 and are replicated when tp % num_kv_heads == 0 (fewer KV heads than
+ranks: each rank keeps the one its query heads use). The vocabulary is padded to a multiple of tp.
 `model.config` becomes the rank's config (its head counts and MLP width), so a `PagedKVCache` built from it holds
 only this rank's KV heads; `model.tp` keeps the full config.
 """

@@ -57,7 +57,7 @@ def _prepare(model: Transformer, rank: int, tp: int, quantization: str | None, g
 def _worker(rank: int, tp: int, addr: str, backend: str, config: ModelConfig, dtype: torch.dtype, device: str,
             state: dict, quantization: str | None, group_size: int, ready, timeout_s: float) -> None:
     """Ranks 1..N-1: build and shard the model, then run every forward rank 0 broadcasts until it says stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 decides, then stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 stops us
     try:
         device = _device_for(torch.device(device), rank)
         if device.type == "cuda":
