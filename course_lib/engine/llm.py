@@ -78,6 +78,9 @@ class LLM:
     "num_speculative_tokens": 4} (the draft: this model in INT4, or "model"). Greedy output stays the same.
     `batch_invariant=True`: every request gets the same logits whatever else is in its batch (reference
     engine only; slower). See `engine/speculative.py` and `course_lib/batch_invariant.py`.
+    `tensor_parallel_size=N` (vLLM's name) splits every layer over N processes (`course_lib.parallel`): this one
+    is rank 0 and schedules, N - 1 workers are started here and stopped by `close()` (or `with LLM(...) as llm`,
+    or at exit). Not with `accel` or `compile_decode`; `kv_cache_memory` is per rank.
 
     Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free
     GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len.
@@ -86,39 +89,51 @@ class LLM:
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: torch.dtype | str | None = None, quantization: str | None = None,
                  group_size: int = 32, accel=False, compile_decode: bool = False, enforce_eager: bool = False,
-                 speculative_config: dict | None = None, batch_invariant: bool = False, **engine_args):
+                 speculative_config: dict | None = None, batch_invariant: bool = False,
+                 tensor_parallel_size: int = 1, **engine_args):
         engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, enforce_eager,
                                                    engine_args)
         extras = _check_extras(speculative_config, batch_invariant, accel, compile_decode)
         device, dtype = resolve_device_dtype(device, dtype)  # the policy: course_lib.dtypes
         weights = load_model(model, device=device, dtype=dtype)
         self._start(weights, load_tokenizer(model), engine_config, quantization, group_size, accel, compile_decode,
-                    enforce_eager, *extras)
+                    enforce_eager, *extras, tensor_parallel_size)
 
     @classmethod
     def from_model(cls, model: Transformer, tokenizer: Tokenizer, quantization: str | None = None,
                    group_size: int = 32, accel=False, compile_decode: bool = False, enforce_eager: bool = False,
                    speculative_config: dict | None = None, batch_invariant: bool = False,
-                   **engine_args) -> "LLM":
+                   tensor_parallel_size: int = 1, **engine_args) -> "LLM":
         """An LLM around a model already in memory (random weights of a real shape, a model built in a notebook),
-        on the model's device and dtype. `accel`, `quantization` and `batch_invariant` change `model` in place."""
+        on the model's device and dtype. `accel`, `quantization`, `batch_invariant` and `tensor_parallel_size`
+        change `model` in place."""
         llm = cls.__new__(cls)
         engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, enforce_eager,
                                                    engine_args)
         extras = _check_extras(speculative_config, batch_invariant, accel, compile_decode)
         llm._start(model, tokenizer, engine_config, quantization, group_size, accel, compile_decode, enforce_eager,
-                   *extras)
+                   *extras, tensor_parallel_size)
         return llm
 
     def _start(self, model: Transformer, tokenizer: Tokenizer, engine_config: EngineConfig,
                quantization: str | None, group_size: int, accel, compile_decode: bool,
                enforce_eager: bool = False, speculative: SpeculativeConfig | None = None,
-               batch_invariant: bool = False) -> None:
+               batch_invariant: bool = False, tensor_parallel_size: int = 1) -> None:
         self.device, self.model, self.tokenizer = model.device, model, tokenizer
-        self.accel = None
-        # The draft model comes from the weights as loaded, before accel repacks them (a draft is a plain model).
+        self.accel = self.workers = None
+        tp = number("tensor_parallel_size", tensor_parallel_size, Integral, lambda v: v >= 1, "an integer >= 1")
+        if tp > 1 and batch_invariant:
+            raise ValueError("batch_invariant=True runs one process: leave tensor_parallel_size at 1")
+        # The draft model comes from the weights as loaded, before accel repacks them or tp shards them.
         speculator = Speculator(speculative, model) if speculative is not None else None
-        if accel is not False or compile_decode:  # the one place course_lib.accel touches the engine
+        if tp > 1:  # shards (and quantizes) `model` as rank 0, starts ranks 1..tp-1
+            if accel is not False or compile_decode:
+                raise ValueError("tensor_parallel_size > 1 runs the reference engine: "
+                                 "leave accel and compile_decode off")
+            from ..parallel import TensorParallelWorkers
+
+            self.workers = TensorParallelWorkers(model, tp, quantization, group_size)
+        elif accel is not False or compile_decode:  # the one place course_lib.accel touches the engine
             from ..accel import Accelerator, plan_for, reference_plan
 
             if accel is True:
@@ -140,7 +155,22 @@ class LLM:
             make_batch_invariant(self.model)
             attention = BatchInvariantAttention
         self.config = self.model.config
-        self.engine = LLMEngine(self.model, self.tokenizer, engine_config, self.accel, speculator, attention)
+        try:
+            self.engine = LLMEngine(self.model, self.tokenizer, engine_config, self.accel, speculator, attention)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent); the LLM cannot generate afterwards."""
+        if self.workers is not None:
+            self.workers.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def max_model_len(self) -> int:

@@ -3,6 +3,7 @@
     python -m course_lib.serve                                  # the default model on 127.0.0.1:8000
     python -m course_lib.serve --dtype bfloat16 --port 8001 --max-num-seqs 32
     python -m course_lib.serve --reference                      # the pure-PyTorch engine (default: accel=True)
+    python -m course_lib.serve --tensor-parallel-size 3         # every layer split over 3 processes (reference engine)
     COURSE_API_KEY=secret python -m course_lib.serve --host 0.0.0.0   # other machines, with a key
     curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "Hi", "max_tokens": 8}'
 
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
                     help='JSON, as vLLM takes it: \'{"method": "ngram", "num_speculative_tokens": 4}\'')
     ap.add_argument("--reference", action="store_true",
                     help="run the pure-PyTorch reference engine (default: LLM(accel=True), this machine's kernels)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="split every layer over this many processes (implies --reference; kv cache size is per rank)")
     ap.add_argument("--graceful-seconds", type=int, default=30, help="on shutdown, how long open requests get")
     ap.add_argument("--api-key", default=os.environ.get("COURSE_API_KEY"),
                     help="require 'Authorization: Bearer KEY' on all but /health (default: $COURSE_API_KEY)")
@@ -70,9 +73,11 @@ def main(argv: list[str] | None = None) -> None:
     quiet_libraries()
     engine_args = {k: v for k, v in dict(kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                                          max_model_len=args.max_model_len).items() if v is not None}
+    reference = args.reference or args.tensor_parallel_size > 1  # tensor parallelism runs the reference engine
     llm = LLM(args.model, device=args.device, dtype=args.dtype, quantization=args.quantization,
-              accel=not args.reference, compile_decode=args.compile_decode, enforce_eager=args.enforce_eager,
-              speculative_config=args.speculative_config, **engine_args)
+              accel=not reference, compile_decode=args.compile_decode, enforce_eager=args.enforce_eager,
+              speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size,
+              **engine_args)
     name = args.served_model_name or (Path(args.model).stem if args.model else "SmolLM2-135M-Instruct")
     # uvicorn in a thread, the engine loop in this one: the thread that loaded the model steps it (see AsyncEngine).
     app = create_app(llm, name, args.default_max_tokens, engine_thread=False, config=config)
@@ -91,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     watchdog.start()  # however uvicorn ends, the loop below ends with it
     app.state.engine.run()  # returns once the server has shut down
     server.thread.join(timeout=args.graceful_seconds + 10)
+    llm.close()  # stops tensor-parallel workers, if any
 
 
 if __name__ == "__main__":
