@@ -81,8 +81,11 @@ def plot_acceptance(rows: list[dict], title: str) -> "Figure":
     right.axhline(1.0, color="grey", lw=1, ls="--")
     left.set(xlabel="k (num_speculative_tokens)", ylabel="acceptance rate (%)", ylim=(-5, 105))
     right.set(xlabel="k (num_speculative_tokens)", ylabel="decode tokens/s vs plain (x)")
+    ks = sorted({r["k"] for r in rows})
     for ax in (left, right):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.minorticks_off()
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
