@@ -43,6 +43,7 @@ RUNTIMES = {  # chapter number -> the Colab runtime to pick, and why
     "09": "T4 GPU, to profile on a GPU",
     "10": "CPU or T4 GPU",
     "11": "CPU is enough (the planner is arithmetic; the benchmark runs where the chapter runs)",
+    "12": "CPU is enough",
 }
 
 
