@@ -130,6 +130,20 @@ class EngineSystem:
         assert [len(o.outputs[0].token_ids) for o in outs] == lengths
 
 
+class _TokenTimes:
+    """A `transformers` streamer that only notes when each token arrives (after the device finished it)."""
+
+    def __init__(self, device):
+        self.device, self.times = device, []
+
+    def put(self, value) -> None:
+        synchronize(self.device)
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
 class TransformersSystem:
     """`transformers` `generate`, greedy, on the same device and dtype; a padded static batch for many requests."""
 
@@ -145,16 +159,20 @@ class TransformersSystem:
         return cls(load_reference_model(dtype).to(device))
 
     @torch.inference_mode()
-    def _generate(self, prompts: list[list[int]], n: int) -> None:
+    def _generate(self, prompts: list[list[int]], n: int, streamer=None) -> None:
         width = max(map(len, prompts))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                            do_sample=False, pad_token_id=self.pad)
+                            do_sample=False, pad_token_id=self.pad, streamer=streamer)
 
     def decode(self, prompt: list[int], n: int) -> float:
-        first = timed(self._generate, [prompt], 1)
-        return timed(self._generate, [prompt], n) - first
+        """Seconds between the first and the last of n tokens, stamped as `generate` hands each one out (as the
+        engine's metrics do). Timing n tokens and subtracting a 1-token run instead went negative on a noisy
+        CPU in float16."""
+        stamps = _TokenTimes(self.device)
+        self._generate([prompt], n, stamps)
+        return stamps.times[-1] - stamps.times[1]  # times[0]: the prompt, handed out first
 
     def ttft(self, prompt: list[int]) -> None:
         self._generate([prompt], 1)
