@@ -145,7 +145,8 @@ def with_setup_cell(nb: dict, source: str) -> dict:
                 if out.get("execution_count"):  # an execute_result carries its cell's count
                     out["execution_count"] = cells[i]["execution_count"]
     cell = {"cell_type": "code", "execution_count": 1 if numbered else None, "id": "colab-setup",
-            "metadata": {}, "outputs": [], "source": lines}
+            "metadata": {"slideshow": {"slide_type": "skip"}},  # harness: never on a slide (tests/test_slides.py)
+            "outputs": [], "source": lines}
     cells.insert(code[0] if code else len(cells), cell)
     return nb
 
