@@ -44,6 +44,7 @@ RUNTIMES = {  # chapter number -> the Colab runtime to pick, and why
     "10": "CPU or T4 GPU",
     "11": "CPU is enough (the planner is arithmetic; the benchmark runs where the chapter runs)",
     "12": "CPU is enough",
+    "13": "CPU: its ranks are processes on one machine (a split over N GPUs needs N GPUs)",
 }
 
 
