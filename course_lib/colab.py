@@ -44,6 +44,7 @@ RUNTIMES = {  # chapter number -> the Colab runtime to pick, and why
     "10": "CPU or T4 GPU",
     "11": "CPU is enough (the planner is arithmetic; the benchmark runs where the chapter runs)",
     "12": "CPU is enough",
+    "13": "CPU: its ranks are processes on one machine (a split over N GPUs needs N GPUs)",
 }
 
 
@@ -145,7 +146,8 @@ def with_setup_cell(nb: dict, source: str) -> dict:
                 if out.get("execution_count"):  # an execute_result carries its cell's count
                     out["execution_count"] = cells[i]["execution_count"]
     cell = {"cell_type": "code", "execution_count": 1 if numbered else None, "id": "colab-setup",
-            "metadata": {}, "outputs": [], "source": lines}
+            "metadata": {"slideshow": {"slide_type": "skip"}},  # harness: never on a slide (tests/test_slides.py)
+            "outputs": [], "source": lines}
     cells.insert(code[0] if code else len(cells), cell)
     return nb
 

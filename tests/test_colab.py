@@ -237,4 +237,5 @@ def test_write_inserts_the_cell_once_and_shifts_execution_counts(tmp_path):
     assert once == twice
     kinds = [(c["cell_type"], c.get("execution_count")) for c in once["cells"]]
     assert kinds == [("markdown", None), ("code", 1), ("code", 2)]
+    assert once["cells"][1]["metadata"] == {"slideshow": {"slide_type": "skip"}}  # not shown in slide mode
     assert once["cells"][2]["outputs"][0]["execution_count"] == 2

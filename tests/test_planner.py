@@ -126,7 +126,8 @@ def test_names_are_forgiving_and_unknown_ones_list_the_choices():
 
 def test_every_preset_builds_and_every_device_has_a_source():
     expected = {"SmolLM2-135M-Instruct": 0.1345, "Llama-3-8B": 8.03, "Llama-3-70B": 70.55, "Qwen2.5-7B": 7.62,
-                "Qwen2.5-72B": 72.71, "Mistral-7B": 7.25}  # billions, as the model cards say (to rounding)
+                "Qwen2.5-72B": 72.71, "Mistral-7B": 7.25,
+                "Llama-3.1-405B": 405.85}  # billions, as the model cards say (to rounding)
     assert {n: round(load_config(n).num_parameters() / 1e9, 4 if n.startswith("Smol") else 2) for n in PRESETS} \
         == expected
     assert all(spec.source for spec in DEVICES.values())

@@ -19,8 +19,8 @@ def _export(module) -> None:
 
 
 from . import (attention, batching, choosing, embeddings, kv_cache, positions, prefill_decode,  # noqa: E402
-               profiling, quantization, sampling, serving, speculative, tokenization, welcome)
+               profiling, quantization, sampling, scaling, serving, speculative, tokenization, welcome)
 
 for _module in (welcome, tokenization, embeddings, positions, attention, sampling, prefill_decode, kv_cache, batching,
-                quantization, profiling, serving, choosing, speculative):
+                quantization, profiling, serving, choosing, speculative, scaling):
     _export(_module)

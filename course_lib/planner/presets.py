@@ -28,6 +28,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
         "tie_word_embeddings": False, "max_position_embeddings": 8192, "rope_theta": 500000.0,
     },
+    "Llama-3.1-405B": {  # meta-llama/Llama-3.1-405B(-Instruct): the largest dense Llama
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 16384, "intermediate_size": 53248,
+        "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8, "vocab_size": 128256,
+        "tie_word_embeddings": False, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+    },
     "Qwen2.5-7B": {  # Qwen/Qwen2.5-7B-Instruct
         "architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
         "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
