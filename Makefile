@@ -12,7 +12,7 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 PYTEST_ARGS ?=
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: setup course test test-lib test-notebooks figures bench bench-peers colab-zip clean
+.PHONY: setup course test test-lib test-notebooks test-browser figures bench bench-peers colab-zip clean
 
 setup: $(VENV)/.done
 
@@ -44,6 +44,11 @@ test-lib: setup
 
 test-notebooks: setup
 	$(PY) -m pytest $(NBVAL) $(PYTEST_ARGS) notebooks
+
+# JupyterLab in headless Chromium (Debian's chromium and fonts-noto-cjk; `make test` runs these too where
+# /usr/bin/chromium exists): every chapter renders, three run through the UI, one opens as slides.
+test-browser: setup
+	$(PY) -m pytest $(PYTEST_ARGS) -rs tests/browser
 
 figures: setup
 	$(PY) -m benchmarks.make_figures
