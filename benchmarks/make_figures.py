@@ -1,6 +1,6 @@
 """Regenerate every figure in figures/ on this machine (`make figures`).
 
-    python -m benchmarks.make_figures                     # all four, default model, torch's thread count
+    python -m benchmarks.make_figures                     # all of them, default model, torch's thread count
     python -m benchmarks.make_figures --threads 1         # steadier numbers on a busy machine
     python -m benchmarks.make_figures --only ttft tpot    # a subset
     python -m benchmarks.make_figures --levels 1 2 4 8 16 32 --requests-per-level 64   # a bigger sweep
@@ -9,6 +9,7 @@
     ttft_vs_prompt_length.png     TTFT of lone requests against prompt length: prefill, compute-bound
     tpot_vs_context_length.png    decode time per token of lone requests against context length
     throughput_vs_concurrency.png closed-loop load test at each concurrency: output tokens/s against latency
+    chapters/NN.png, pipeline.png the README's thumbnails, taken from the saved chapters (benchmarks.thumbnails)
 
 Every latency is measured through the serving engine (`LLMEngine`), as a client would see it.
 The script prints the fitted slopes against the source material's claims: TTFT grows with the
@@ -27,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks import roofline  # noqa: E402
+from benchmarks import roofline, thumbnails  # noqa: E402
 from course_lib import load_tokenizer  # noqa: E402
 from course_lib.dtypes import resolve_device_dtype  # noqa: E402
 from course_lib.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
@@ -37,7 +38,7 @@ from course_lib.profiling.roofline import measure_decode  # noqa: E402
 from course_lib.profiling.plots import (plot_latency_vs_length, plot_throughput_vs_concurrency,  # noqa: E402
                                         plot_throughput_vs_latency)
 
-FIGURES = ("roofline", "ttft", "tpot", "throughput")
+FIGURES = ("roofline", "ttft", "tpot", "throughput", "chapters")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -154,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         status = roofline.main(["--out", str(out_dir / "roofline.png"), "--device", str(device),
                                 "--dtype", str(dtype).removeprefix("torch."), *(["--random"] if args.random else []),
                                 *(["--threads", str(args.threads)] if args.threads else [])])
-    if set(args.only) - {"roofline"}:
+    if "chapters" in args.only:  # the README's thumbnails and pipeline, from the saved chapters (seconds)
+        status = thumbnails.main(["--out-dir", str(out_dir)]) or status
+    if set(args.only) - {"roofline", "chapters"}:
         model, label = roofline.load(args.random, device, dtype)
         tokenizer = load_tokenizer()
         name = label[label.index("(") + 1:-1] if label.endswith(")") else label
