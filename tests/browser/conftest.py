@@ -1,5 +1,5 @@
-"""Fixtures of the browser tests: one JupyterLab server and one headless Chromium for the session, a fresh page
-and a screenshot folder per test. Without /usr/bin/chromium (Debian's `chromium`) every test here skips."""
+"""Fixtures of the browser tests: one JupyterLab server for the session, one headless Chromium per module, a
+fresh page and a screenshot folder per test. Without /usr/bin/chromium (Debian's `chromium`) every test here skips."""
 from __future__ import annotations
 
 import hashlib
@@ -42,16 +42,18 @@ def lab(tmp_path_factory):
     assert not changed, f"the browser tests rewrote notebooks: {changed}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright(lab):
-    """Playwright's driver (the one its Python package bundles; it downloads nothing here)."""
+    """Playwright's driver (the one its Python package bundles; it downloads nothing here). Per module, not per
+    session: its sync API runs an asyncio loop in this thread while it lives, and the tests after these ones
+    (the server's) call `asyncio.run`, which refuses to start inside a running loop."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         yield p
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser_context(playwright, tmp_path_factory):
     """Headless system Chromium (never a downloaded one) with a fresh profile."""
     context = playwright.chromium.launch_persistent_context(
