@@ -51,8 +51,11 @@ from .presets import load_config
 #    (0.245, 0.832, 0.624), (0.251, 0.890, 0.746), (0.295, 0.841, 0.400), (0.255, 0.912, 0.845) on one,
 #    (0.32, 0.92, 0.98) on another, and CI's failing checks with the Intel shares put the bandwidth share at
 #    0.32-0.35 on a third. MKL's one-row product there is slow code, not memory: a batch-1 step reads its weights
-#    at ~1/4-1/3 of a copy's bytes/s, while 16-row steps and prefills run near the matmul ceiling. The bandwidth
-#    share is set between the hosts (0.30), the others at the medians.
+#    at ~1/4-1/3 of a copy's bytes/s, while prefills run near the matmul ceiling. 16-row steps differ most between
+#    hosts: 0.40-0.98 above, and ~0.40 on the CI host whose 16-request step took 127 ms against 92 predicted with
+#    0.75. The bandwidth share is set between the hosts (0.30), the prefill share at the median, and the decode
+#    share at 0.55, the value whose worst ratio over that whole range stays inside the test's 35% (about 1.2x at
+#    0.40, 0.8x at 0.98), where the median (0.75) missed the slow hosts by 37%.
 # A CPU of another maker gets the Intel shares. GPUs get `GPU_FRACTIONS`: what published engines reach on datasheet
 # peaks, since the course engine was not measured on one; pass fractions measured on the card when you have them.
 class Fractions(NamedTuple):
@@ -66,7 +69,7 @@ class Fractions(NamedTuple):
 
 _CALIBRATED = "validate.calibrate on 2-core {} CPUs (float32, the reference engine), shares of DeviceSpec.measure()"
 FRACTIONS = {"GenuineIntel": Fractions(0.56, 0.71, 0.32, _CALIBRATED.format("Intel Xeon")),
-             "AuthenticAMD": Fractions(0.30, 0.89, 0.75, _CALIBRATED.format("AMD EPYC"))}
+             "AuthenticAMD": Fractions(0.30, 0.89, 0.55, _CALIBRATED.format("AMD EPYC"))}
 GPU_FRACTIONS = Fractions(
     0.69, 0.60, 0.25,
     "published, not the course engine: bandwidth from gpt-fast's README (https://github.com/pytorch-labs/gpt-fast, "
