@@ -244,13 +244,11 @@ def measure_speed(report: Report, run: str, shape: str, hf, model, tokenizer, dt
 
 
 def ceilings_for(report: Report, state: dict, device: torch.device, dtype: torch.dtype) -> Ceilings:
-    """The matmul and bandwidth roofs in `dtype`, measured once. On the CPU (the --cpu rehearsal) the product is
-    512 wide, not 2,048: many CPUs have no float16 matmul kernel, and there a 2,048 one took five minutes."""
+    """The matmul and bandwidth roofs in `dtype`, measured once."""
     name = str(dtype).removeprefix("torch.")
     if name not in state["ceilings"]:
-        n = 512 if device.type == "cpu" else None
-        c = state["ceilings"][name] = Ceilings(measure_matmul_flops(device, dtype, n=n),
-                                               measure_bandwidth(device, dtype), str(device), name)
+        c = state["ceilings"][name] = Ceilings(measure_matmul_flops(device, dtype), measure_bandwidth(device, dtype),
+                                               str(device), name)
         report.env.setdefault("ceilings", {})[name] = asdict(c)
         print(f"  ceilings, {name}: {c.peak_flops / 1e12:.2f} TFLOP/s matmul, {c.bandwidth / 1e9:.0f} GB/s copy")
     return state["ceilings"][name]

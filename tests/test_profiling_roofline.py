@@ -25,6 +25,19 @@ def test_measured_ceilings_are_plausible():
     assert 1e8 < bw < 1e13 and 1e7 < fl < 1e14
 
 
+@pytest.mark.parametrize("seconds,tried_sizes,measured", [(0.001, [512, 1024], 2048), (1.0, [512], 512)])
+def test_the_cpu_product_grows_to_2048_only_while_it_stays_quick(monkeypatch, seconds, tried_sizes, measured):
+    """A fast dtype is measured at 2048 as ever; one with no CPU kernel (a second a product) stops at 512."""
+    from course_lib.profiling import roofline
+
+    tried, shapes = [], []
+    monkeypatch.setattr(roofline, "_seconds_of_one_product", lambda n, dev, dt: tried.append(n) or seconds)
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b, **kw: shapes.append(a.shape[0]) or real_mm(a, b, **kw))
+    measure_matmul_flops("cpu", repeats=1)
+    assert tried == tried_sizes and set(shapes) == {measured}
+
+
 @torch.inference_mode()
 def test_points_plot_and_profile(tmp_path):
     torch.manual_seed(0)

@@ -13,6 +13,7 @@ Prefill (hundreds of FLOPs per byte) lands right of the ridge, a batch-1 decode 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -96,11 +97,25 @@ def measure_bandwidth(device: torch.device | str | None = None, dtype: torch.dty
     return 2 * src.nbytes / t.min
 
 
+def _seconds_of_one_product(n: int, device: torch.device, dtype: torch.dtype) -> float:
+    a = torch.randn(n, n, device=device).to(dtype)
+    start = time.perf_counter()
+    torch.mm(a, a)
+    return time.perf_counter() - start
+
+
 def measure_matmul_flops(device: torch.device | str | None = None, dtype: torch.dtype | str = torch.float32,
                          n: int | None = None, repeats: int = 5) -> float:
-    """FLOP/s of an [n, n] @ [n, n] product: 2 n^3 over the fastest repeat (n = 2048 CPU, 8192 GPU)."""
+    """FLOP/s of an [n, n] @ [n, n] product: 2 n^3 over the fastest repeat. Default n: 8192 on a GPU; on a CPU
+    2048, unless a product already takes over 0.1 s at 512 or 1024 (as `timeit`'s autorange grows its
+    loop): a dtype the CPU has no kernel for (float16, bfloat16 on many) runs at ~1 GFLOP/s, and 2048 took minutes."""
     dev, dt = resolve_device(device), resolve_dtype(dtype)
-    n = n or (8192 if dev.type == "cuda" else 2048)
+    if n is None and dev.type == "cuda":
+        n = 8192
+    elif n is None:
+        n = 512
+        while n < 2048 and _seconds_of_one_product(n, dev, dt) < 0.1:
+            n *= 2
     a = torch.randn(n, n, device=dev).to(dt)
     b = torch.randn(n, n, device=dev).to(dt)
     out = torch.empty(n, n, device=dev, dtype=dt)
