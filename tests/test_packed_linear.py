@@ -134,10 +134,9 @@ def test_compiled_packed_linear_calls_the_operator_which_chooses_by_rows(ops):
         for rows in [1, 2, 8, 9, 300]:
             x = torch.randn(rows, 576)
             panels, onednn = ops.by_panels(x, packed.panels) + linear.bias, plain(x)
-            torch.testing.assert_close(panels - linear.bias, 2 * (onednn - linear.bias))
+            torch.testing.assert_close(panels - linear.bias, 2 * (onednn - linear.bias))  # far apart: 2W against W
             want = panels if rows <= 8 else onednn
-            torch.testing.assert_close(packed(x), want, msg=f"eager, {rows} rows")
-            torch.testing.assert_close(f(x), want, msg=f"compiled, {rows} rows")
+            assert torch.equal(packed(x), want) and torch.equal(f(x), want), rows
 
 
 def test_the_handle_table_keeps_a_weight_as_long_as_its_layer(ops):
