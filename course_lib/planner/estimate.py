@@ -52,10 +52,9 @@ from .presets import load_config
 #    (0.32, 0.92, 0.98) on another, and CI's failing checks with the Intel shares put the bandwidth share at
 #    0.32-0.35 on a third. MKL's one-row product there is slow code, not memory: a batch-1 step reads its weights
 #    at ~1/4-1/3 of a copy's bytes/s, while prefills run near the matmul ceiling. 16-row steps differ most between
-#    hosts: 0.40-0.98 above, and ~0.40 on the CI host whose 16-request step took 127 ms against 92 predicted with
-#    0.75. The bandwidth share is set between the hosts (0.30), the prefill share at the median, and the decode
-#    share at 0.55, the value whose worst ratio over that whole range stays inside the test's 35% (about 1.2x at
-#    0.40, 0.8x at 0.98), where the median (0.75) missed the slow hosts by 37%.
+#    hosts (0.40-0.98, CI's near 0.40: benchmarks/RESULTS.md). The bandwidth share is set between the hosts (0.30),
+#    the prefill share at the median, and the decode share at 0.55, whose worst ratio over that whole range stays
+#    inside the test's 35%, where the median missed the slowest hosts.
 # A CPU of another maker gets the Intel shares. GPUs get `GPU_FRACTIONS`: what published engines reach on datasheet
 # peaks, since the course engine was not measured on one; pass fractions measured on the card when you have them.
 class Fractions(NamedTuple):
