@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib import LLM, SamplingParams
+from course_lib import LLM, SamplingParams, tolerance
 from course_lib.accel import Plan, plan_for
 from course_lib.accel.fused_model import FusedAttention, FusedMLP, fuse_model
 from course_lib.kv_cache import KVCache
@@ -76,14 +76,14 @@ def test_fused_model_matches_reference(attention_bias, tiny):
     assert not hasattr(fast.layers[0].self_attn, "q_proj")  # removed, not kept as a copy
     assert sum(p.numel() for p in fast.parameters()) == sum(p.numel() for p in ref.parameters())
     ids = torch.randint(0, 97, (2, 17))
-    torch.testing.assert_close(fast(ids), ref(ids), rtol=1e-12, atol=1e-12)
+    tolerance.assert_close(fast(ids), ref(ids), 1e-12)
     caches = [KVCache(ref.config, 32, batch=2, dtype=torch.float64) for _ in range(2)]  # prefill, then decode
     outs = [m(ids, kv=c) for m, c in zip((ref, fast), caches)]
-    torch.testing.assert_close(outs[1], outs[0], rtol=1e-12, atol=1e-12)
+    tolerance.assert_close(outs[1], outs[0], 1e-12)
     step = ids[:, -1:]
     for _ in range(3):
         a, b = ref(step, kv=caches[0]), fast(step, kv=caches[1])
-        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+        tolerance.assert_close(b, a, 1e-12)
         step = a[:, -1].argmax(-1, keepdim=True)
 
 

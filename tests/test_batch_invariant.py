@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib import tolerance
 from course_lib.batch_invariant import TILE_ROWS, BatchInvariantLinear, make_batch_invariant
 from course_lib.config import ModelConfig
 from course_lib.model import Transformer
@@ -21,7 +22,7 @@ def test_a_row_gives_the_same_bits_alone_or_among_others(dtype):
     for n in (2, 3, 16, 37):
         assert torch.equal(wrapped(x[:n])[:1], alone), n
         assert torch.equal(wrapped(x[n - 1:n]), wrapped(x[:n])[n - 1:])  # the last row, whichever tile it is in
-    assert torch.allclose(alone.float(), F.linear(x[:1], layer.weight).float(), rtol=1e-2, atol=1e-2)
+    tolerance.assert_close(alone.float(), F.linear(x[:1], layer.weight).float(), 1e-2)
 
 
 def test_plain_products_do_depend_on_the_rows_here():
@@ -41,7 +42,7 @@ def test_every_linear_layer_is_wrapped_and_the_tied_head_keeps_its_table():
     before = model(x)
     assert make_batch_invariant(model) == 2 * 7 + 1  # seven per block, and the lm_head
     assert model.lm_head.weight is model.embed_tokens.weight
-    assert torch.allclose(model(x), before, atol=1e-5)
+    tolerance.assert_close(model(x), before, tolerance.OP_RTOL[before.dtype])
 
 
 STORIES = [f"Write a short story about a {w} who learns to fly." for w in

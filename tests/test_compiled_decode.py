@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from course_lib import LLM
+from course_lib import LLM, tolerance
 from course_lib.accel.compiled_decode import Int8GraphLinear, decode_step, use_int8_operator
 from course_lib.accel.fused_model import fuse_model
 from course_lib.attention.paged import (
@@ -46,7 +46,7 @@ def test_a_new_token_not_yet_stored_equals_storing_it_first(dtype, tol):
     store_kvcache(k_new, v_new, k_cache, v_cache, slots)
     minus_one = torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32)
     want = paged_decode_attention(q, k_cache, v_cache, minus_one, torch.tensor(cached) + 1)
-    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    tolerance.assert_close(got, want, tol)
 
 
 def tiny_model(dtype=torch.float32) -> Transformer:
@@ -81,7 +81,7 @@ def test_uncompiled_decode_step_matches_paged_forward(use_cpp):
     eager_cache.v_cache.copy_(cache.v_cache)
     meta = PagedAttentionMetadata.build([[3], [1, 7], [2, 9, 11]], [1, 6, 10], [1, 1, 1], block_size=4)
     want = model(ids[None], positions[None], kv=PagedAttention(eager_cache, meta))[0]
-    torch.testing.assert_close(logits, want, rtol=1e-10, atol=1e-10)
+    tolerance.assert_close(logits, want, 1e-10)
     slots = meta.slot_mapping
     torch.testing.assert_close(new_k, eager_cache.k_cache.view(2, -1, 2, 16)[:, slots])
     torch.testing.assert_close(new_v, eager_cache.v_cache.view(2, -1, 2, 16)[:, slots])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import course_lib
+from course_lib import tolerance
 from course_lib.chapter import setup_chapter
 from course_lib.dtypes import default_dtype, resolve_device_dtype
 from course_lib.accel.fused_model import FusedRMSNorm
@@ -92,7 +93,7 @@ def test_rmsnorm_does_not_overflow_in_float16(norm_cls):
     got = norm.half()(x.half())
     want = norm.float()(x)
     assert got.dtype == torch.float16 and torch.isfinite(got).all()
-    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
+    tolerance.assert_close(got.float(), want, 1e-2)
 
 
 @pytest.mark.parametrize("accel", [False, True])

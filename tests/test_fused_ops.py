@@ -3,6 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from course_lib import tolerance
 from course_lib.accel import fused_ops
 from course_lib.model import RMSNorm, apply_rope
 
@@ -12,9 +13,9 @@ DTYPES = [torch.float32, torch.bfloat16]
 def close(actual, expected, dtype):
     """float32: summation order only; bfloat16: the same roundings, so rarely a bf16 step (or two) apart."""
     if dtype == torch.float32:
-        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+        tolerance.assert_close(actual, expected, 1e-5)
     else:
-        torch.testing.assert_close(actual.float(), expected.float(), rtol=2 ** -6, atol=1e-3)
+        tolerance.assert_close(actual.float(), expected.float(), 2 ** -6)
         assert (actual != expected).float().mean() < 0.01  # nearly all bit-identical
 
 
@@ -59,8 +60,7 @@ def test_rope_rotates_q_and_k_heads_in_place_and_leaves_v(ops, dtype):
     expected[:, :, :heads + kv_heads] = apply_rope(expected[:, :, :heads + kv_heads], cos, sin)
     out = fused_ops.rope_qk_(qkv, cos, sin, heads, kv_heads, head_dim, ops)
     assert out.data_ptr() == qkv.data_ptr()
-    torch.testing.assert_close(out.view_as(expected), expected, rtol=1e-6 if dtype == torch.float32 else 0,
-                               atol=1e-6 if dtype == torch.float32 else 0)  # bfloat16: bit-identical
+    tolerance.assert_close(out.view_as(expected), expected, 1e-6 if dtype == torch.float32 else 0)  # bf16: bit-identical
     assert torch.equal(out.view_as(expected)[:, :, heads + kv_heads:], expected[:, :, heads + kv_heads:])
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from course_lib import SamplingParams
+from course_lib import SamplingParams, tolerance
 from course_lib.attention import causal_attention, paged
 from course_lib.attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache, slots_for
 from course_lib.config import ModelConfig
@@ -177,5 +177,4 @@ def test_prompt_chunks_with_cached_prefixes_and_decodes_in_one_step(dtype, monke
     new = [torch.cat([t[i][c - n:] for t, (c, n) in zip(full, seqs)])[None] for i in range(3)]
     out = PagedAttention(cache, md).attend(0, *new)[0]  # [num_tokens, heads, head_dim]
     assert calls == [(3, 9, HEADS, HEAD_DIM)]  # three chunks (7, 5 and 9 queries), one call
-    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-12, rtol=1e-12)
-    torch.testing.assert_close(out, per_sequence_step(seqs, full), **tol)
+    tolerance.assert_close(out, per_sequence_step(seqs, full), 1e-5 if dtype == torch.float32 else 1e-12)

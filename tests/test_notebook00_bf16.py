@@ -37,7 +37,7 @@ def test_notebook00_holds_in_bfloat16(monkeypatch, tmp_path):
     out = _stdout(nb)
     assert re.search(r"Machine: .* · cpu bfloat16", out)  # setup_chapter's line: the dtype it read
     assert "in bfloat16 on cpu" in out  # the engine's weights
-    assert "bfloat16: logits must agree within 1" in out  # the tolerance the asserts used, stated
+    assert "bfloat16: logits must agree within 4e-02 of the largest logit" in out  # the tolerance the asserts used, stated
     for line in out.splitlines():  # the measured differences, next to their tolerance (pytest -s shows them)
         if re.search(r"max \|.*\||tokens equal|split at token", line):
             print(line)

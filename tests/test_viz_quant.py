@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from course_lib import tolerance  # noqa: E402
 from course_lib.quant import gguf_blocks  # noqa: E402
 from course_lib.viz import quant as vq  # noqa: E402
 
@@ -26,7 +27,7 @@ def _block() -> bytes:
 def test_split_q4_1_matches_the_decoder():
     d, m, low, high = vq.split_q4_1(_block())
     w = torch.tensor([d * c + m for c in low + high], dtype=torch.float32)
-    torch.testing.assert_close(w, gguf_blocks.dequantize_q4_1(_block()), rtol=1e-6, atol=1e-6)
+    tolerance.assert_close(w, gguf_blocks.dequantize_q4_1(_block()), tolerance.OP_RTOL[torch.float32])
     with pytest.raises(ValueError, match="20 bytes"):
         vq.split_q4_1(_block()[:19])
 

@@ -16,6 +16,7 @@ import torch
 
 from ..config import ModelConfig
 from ..model import apply_rope, rope_inv_freq
+from ..tolerance import relative_difference
 from .check import Case, as_int_list, run_checks, seeded_randn
 
 
@@ -85,7 +86,7 @@ def check_long_wavelength_pairs(fn: Callable[[float, int, int], list[int]]) -> b
 
 # --- exercise 3: RoPE from scratch ----------------------------------------------------------------------------------
 
-ROPE_TOL = 1e-3  # float32 angles pos * theta_i are off by ~pos * 6e-8 rad: 1.5e-4 at position 2,500
+ROPE_TOL = 1e-3  # of the largest |value|: float32 angles pos * theta_i are off by ~pos * 6e-8 rad (1.5e-4 at 2,500)
 
 
 def rope_reference(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -141,13 +142,13 @@ def _rope_equal_case(description: str, x: torch.Tensor, positions: torch.Tensor,
 
     def verify(result: object) -> None:
         got = _tensor(result, x, "the rotated x")
-        err = (got - want).abs().max().item()
+        err = relative_difference(got, want)
         if err <= ROPE_TOL:
             return
-        hints = [h for h, v in variants.items() if (got - v).abs().max().item() <= ROPE_TOL]
+        hints = [h for h, v in variants.items() if relative_difference(got, v) <= ROPE_TOL]
         norm_err = (got.norm(dim=-1) - x.to(torch.float64).norm(dim=-1)).abs().max().item()
         extra = f"; a rotation keeps lengths, and yours change them by up to {norm_err:.2g}" if norm_err > 1e-3 else ""
-        raise AssertionError(f"max |yours - apply_rope| = {err:.3g} (tolerance {ROPE_TOL:g})"
+        raise AssertionError(f"max |yours - apply_rope| / max |apply_rope| = {err:.3g} (tolerance {ROPE_TOL:g})"
                              + (f"; hint: {hints[0]}" if hints else extra))
 
     return Case(description, (x, positions, theta), verify)
@@ -158,8 +159,9 @@ def _rope_zero_case() -> Case:
     positions = torch.zeros(5, dtype=torch.long)
 
     def verify(result: object) -> None:
-        err = (_tensor(result, x, "the rotated x") - x).abs().max().item()
-        assert err <= ROPE_TOL, f"at position 0 every angle is 0, so x must come back unchanged: max change {err:.3g}"
+        err = relative_difference(_tensor(result, x, "the rotated x"), x)
+        assert err <= ROPE_TOL, (f"at position 0 every angle is 0, so x must come back unchanged: max change "
+                                 f"{err:.3g} of the largest |x|")
 
     return Case("position 0 changes nothing (x [3, 5, 32], theta 10,000)", (x, positions, 10000.0), verify)
 
@@ -176,9 +178,9 @@ def _rope_composes_case(fn: Callable) -> Case:
     def verify(result: object) -> None:
         assert isinstance(result, tuple) and len(result) == 2
         a, b = (_tensor(r, x, "the rotated x") for r in result)
-        err = (a - b).abs().max().item()
+        err = relative_difference(a, b)
         assert err <= ROPE_TOL, (f"rotating by m, then by n, must equal rotating by m + n (angles add): "
-                                 f"max difference {err:.3g} (tolerance {ROPE_TOL:g})")
+                                 f"max difference {err:.3g} of the largest |value| (tolerance {ROPE_TOL:g})")
 
     return Case("rope(rope(x, m), n) == rope(x, m + n) (x [6, 64], theta 500,000)", (x, m, n, 500000.0),
                 verify), twice
@@ -187,9 +189,9 @@ def _rope_composes_case(fn: Callable) -> Case:
 def check_rope(fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> bool:
     """`fn(x, positions, theta)` -> x [..., seq, head_dim] with row j rotated RoPE-style for position positions[j].
 
-    Checked within 1e-3 against the engine's `apply_rope` (float64 angles) on head sizes, thetas and positions
-    the chapter does not use, and for two properties: position 0 changes nothing; rotations by m then n compose
-    to m + n.
+    Checked within 1e-3 of the largest |value| against the engine's `apply_rope` (float64 angles) on head sizes,
+    thetas and positions the chapter does not use, and for two properties: position 0 changes nothing; rotations by
+    m then n compose to m + n.
     """
     composes, twice = _rope_composes_case(fn)
     cases = [

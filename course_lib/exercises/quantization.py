@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..config import ModelConfig
+from ..tolerance import OP_RTOL, relative_difference
 from .check import Case, run_checks
 
 # ---------------------------------------------------------------- INT8, one scale per output channel
@@ -148,12 +149,12 @@ def _q4_1_verify(block: bytes) -> Callable:
         assert got.numel() == 32, f"a Q4_1 block holds 32 weights; you returned {got.numel()} values"
         got = got.float().flatten()
         want = dequantize_q4_1(block)  # [32]
-        if torch.allclose(got, want, rtol=1e-6, atol=1e-7):
+        if relative_difference(got, want) <= OP_RTOL[torch.float32]:
             return
         for hint, wrong in _q4_1_wrong_answers(block).items():
-            if torch.allclose(got, wrong.float(), rtol=1e-5, atol=1e-6):
+            if relative_difference(got, wrong.float()) <= 1e-5:
                 raise AssertionError(hint)
-        if torch.allclose(got, want, rtol=1e-3, atol=1e-4):
+        if relative_difference(got, want) <= 1e-3:
             raise AssertionError("close but not exact: convert d and m to float32 before multiplying "
                                  "(float16 arithmetic rounds every product)")
         i = int((got - want).abs().argmax())
