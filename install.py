@@ -82,6 +82,14 @@ def python_problem(version: tuple[int, int]) -> str | None:
             f"run this script with it, e.g. `python3.12 install.py course`.")
 
 
+def platform_problem(host: Host) -> str | None:
+    """A sentence saying why torch cannot be installed on this OS and processor, or None when it can."""
+    if (host.os, host.machine) in TARGETS.values():
+        return None
+    return (f"torch {TORCH_VERSION} has no wheel for {host.os} on {host.machine}: the course runs on Linux (x86-64, "
+            "ARM64), macOS 14+ on Apple silicon and Windows x86-64 (Intel Macs: Google Colab, see the README).")
+
+
 def driver_version(text: str) -> tuple[int, int]:
     """ "580.65.06" -> (580, 65)."""
     parts = [int(p) for p in text.strip().split(".")[:2] if p.isdigit()]
@@ -215,12 +223,14 @@ def is_done(where: Path, what: str, host: Host) -> bool:
 
 def set_up(what: str, here: bool, venv: Path) -> Path:
     """Install what `what` needs (into `venv`, or into this Python with --here); return the Python to run with."""
+    host = this_host()
+    if platform_problem(host):
+        raise SystemExit(platform_problem(host))
     python = Path(sys.executable) if here else venv_python(venv)
     if not here and not python.exists():
         print(f"+ {sys.executable} -m venv {venv}", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     where = Path(sys.prefix) if here else venv
-    host = this_host()
     if is_done(where, what, host):
         return python
     torch, cuda = installed_torch(python)

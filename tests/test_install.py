@@ -146,9 +146,16 @@ def test_real_setup_in_a_fresh_venv(tmp_path):
     first = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
     assert (venv / ".course-course.done").exists()
-    shown = subprocess.run([str(python), "-c", "import course_lib, torch; print(course_lib.__file__, torch.__version__)"],
-                           capture_output=True, text=True, check=True).stdout
+    probe = "import course_lib, torch; print(course_lib.__file__, torch.__version__)"
+    shown = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True).stdout
     assert str(ROOT) in shown  # course_lib from this checkout, in editable mode
     start = time.perf_counter()
     second = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert second.returncode == 0 and "pip install" not in second.stdout and time.perf_counter() - start < 30
+
+
+@pytest.mark.parametrize("os_, machine, ok", [("macos", "x86_64", False), ("windows", "arm64", False),
+                                              ("linux", "aarch64", True), ("macos", "arm64", True)])
+def test_platforms_without_a_torch_wheel_say_so(os_, machine, ok):
+    problem = install.platform_problem(Host(os_, machine))
+    assert (problem is None) == ok and (ok or "no wheel" in problem)

@@ -53,8 +53,8 @@ with warnings.catch_warnings(record=True) as caught:
 print(json.dumps({
     "reference": reference.token_ids, "accel": accel.token_ids, "cpu_model": host.cpu_model(),
     "vendor": host.cpu_vendor(), "file_encoding": locale.getpreferredencoding(False),
-    "stdout_encoding": sys.stdout.encoding, "warnings": [str(w.message) for w in caught
-                                                          if "course_lib" in str(w.message) or "accel" in str(w.message)],
+    "stdout_encoding": sys.stdout.encoding,
+    "warnings": [str(w.message) for w in caught if "course_lib" in str(w.message) or "accel" in str(w.message)],
 }))
 ''' % (MAX_TOKENS, json.dumps(CHAT))
 
