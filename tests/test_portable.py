@@ -165,3 +165,22 @@ def test_processes_spawn_and_signals_exist_everywhere():
                     and node.attr.startswith("SIG") and node.attr not in windows_signals:
                 problems.append(f"{path}:{node.lineno} signal.{node.attr}")
     assert not problems, problems
+
+
+def test_a_server_process_is_stopped_the_way_its_os_allows():
+    """Chapters 10 and 11 stop their server as Ctrl-C would: SIGINT here; Windows can send no SIGINT to another
+    process, so there the server starts in its own process group and gets Ctrl-Break, which it handles too."""
+    import signal
+
+    from course_lib.serve import SERVER_PROCESS_OPTIONS, stop_gracefully
+
+    class Process:
+        sent: list = []
+
+        def send_signal(self, sig):
+            self.sent.append(sig)
+
+    stop_gracefully(Process())
+    assert Process.sent == [signal.SIGINT] and SERVER_PROCESS_OPTIONS == {}
+    source = (PACKAGE / "serve" / "__main__.py").read_text(encoding="utf-8")
+    assert '"SIGBREAK"' in source
