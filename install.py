@@ -184,12 +184,19 @@ def installed_torch(python: Path) -> tuple[str | None, bool]:
     return version, cuda == "True"
 
 
+def platform_os() -> str:
+    return {"Darwin": "macos", "Windows": "windows"}.get(platform.system(), "linux")
+
+
+def platform_machine() -> str:
+    """This processor as the targets name it: x86_64, aarch64 (Linux), arm64 (macOS, Windows)."""
+    machine = {"amd64": "x86_64", "x64": "x86_64"}.get(platform.machine().lower(), platform.machine().lower())
+    return {"linux": {"arm64": "aarch64"}, "macos": {"aarch64": "arm64"}}.get(platform_os(), {}).get(machine, machine)
+
+
 def this_host() -> Host:
     """The machine this script runs on (the torch already installed is asked for separately: it is slow)."""
-    system = {"Darwin": "macos", "Windows": "windows"}.get(platform.system(), "linux")
-    machine = {"amd64": "x86_64", "x64": "x86_64"}.get(platform.machine().lower(), platform.machine().lower())
-    machine = {"linux": {"arm64": "aarch64"}, "macos": {"aarch64": "arm64"}}.get(system, {}).get(machine, machine)
-    return Host(system, machine, sys.version_info[:2], nvidia_driver())
+    return Host(platform_os(), platform_machine(), sys.version_info[:2], nvidia_driver())
 
 
 def venv_python(venv: Path) -> Path:
@@ -276,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         print(problem, file=sys.stderr)
         return 2
     if args.dry_run:
-        system, machine = TARGETS[args.target] if args.target else (this_host().os, this_host().machine)
+        system, machine = TARGETS[args.target] if args.target else (platform_os(), platform_machine())
         host = Host(system, machine, version, args.nvidia_driver, args.cuda_torch, args.cuda_torch is not None)
         the_plan = plan(host, args.what, has_compiler=True)
         print("\n".join([f"# note: {n}" for n in the_plan.notes] + [s.text() for s in the_plan.steps]))
