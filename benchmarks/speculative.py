@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{r['task']:6} {r['method']:11} {r['k']:2d} {r['tokens']:6d} {acc:>9} {mal:>9} "
               f"{r['decode_tok_s']:7.1f} {r['speedup']:8.2f}x")
     if args.json:
-        with open(args.json, "w") as f:
+        with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"rows": rows, "time": time.strftime("%Y-%m-%d %H:%M")}, f, indent=1)
     return {"rows": rows}
 

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import socket
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from .dtypes import resolve_device_dtype
+from .host import cpu_model, echo
 
 # The model chapters 05, 07, 08 and 09 load on a GPU when the Hub is reachable. The default 135M model is too small
 # for a GPU: a decode step is ~1,300 kernel launches against well under a millisecond of weight reading, so it is
@@ -54,15 +53,10 @@ class ChapterSetup:
 
 
 def processor_name(device: torch.device) -> str:
-    """The GPU's name, or the CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
+    """The GPU's name, or the CPU's model name (`course_lib.host.cpu_model`: /proc/cpuinfo on Linux)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return cpu_model()
 
 
 def quiet_libraries() -> None:
@@ -116,7 +110,7 @@ def setup_chapter(device: torch.device | str | None = None, dtype: torch.dtype |
     setup = ChapterSetup(dev, dt, torch.get_num_threads(), processor_name(dev), chapter_model(dev, gpu_model))
     torch.manual_seed(seed)
     if verbose:
-        print(setup.machine)
+        echo(setup.machine)  # not print(): a console that cannot encode `·` must not stop the chapter
         if setup.model is not None:
-            print(f"Model: {setup.model} (COURSE_MODEL=default keeps the course's SmolLM2-135M-Instruct)")
+            echo(f"Model: {setup.model} (COURSE_MODEL=default keeps the course's SmolLM2-135M-Instruct)")
     return setup

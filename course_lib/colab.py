@@ -103,7 +103,7 @@ def notebooks(root: Path = ROOT) -> list[Path]:
 
 def first_code_cell(path: Path) -> str | None:
     """The source of the notebook's first code cell."""
-    cell = next((c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"), None)
+    cell = next((c for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"), None)
     return None if cell is None else "".join(cell["source"])
 
 
@@ -157,7 +157,7 @@ def stale(root: Path = ROOT, repo: str | None = None) -> list[str]:
     `repo` None: the address the notebooks carry now."""
     repo = current_repo(root) if repo is None else repo
     out = [str(path.relative_to(root)) for path in notebooks(root) if first_code_cell(path) != setup_cell_source(repo)]
-    readme = (root / "README.md").read_text()
+    readme = (root / "README.md").read_text(encoding="utf-8")
     if f"<!-- colab:begin -->\n{readme_section(root, repo)}\n<!-- colab:end -->" not in readme:
         out.append("README.md")
     return out
@@ -172,12 +172,14 @@ def write(root: Path = ROOT, repo: str | None = None) -> list[str]:
     for name in changed:
         path = root / name
         if name == "README.md":
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
             begin, end = text.index("<!-- colab:begin -->\n"), text.index("<!-- colab:end -->")
-            path.write_text(text[:begin] + f"<!-- colab:begin -->\n{readme_section(root, repo)}\n" + text[end:])
+            section = f"<!-- colab:begin -->\n{readme_section(root, repo)}\n"
+            path.write_text(text[:begin] + section + text[end:], encoding="utf-8")
         else:
-            nb = with_setup_cell(json.loads(path.read_text()), setup_cell_source(repo))
-            path.write_text(json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n")  # as nbformat writes
+            nb = with_setup_cell(json.loads(path.read_text(encoding="utf-8")), setup_cell_source(repo))
+            text = json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n"  # as nbformat writes
+            path.write_text(text, encoding="utf-8")
     return changed
 
 

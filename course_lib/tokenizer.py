@@ -250,7 +250,7 @@ def load_tokenizer(model: str | Path | None = None) -> Tokenizer:
     model_cfg = read_json_object(path / "config.json")
     template = cfg.get("chat_template")
     if template is None and (path / "chat_template.jinja").is_file():
-        template = (path / "chat_template.jinja").read_text()
+        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
     eos = model_cfg.get("eos_token_id")
     eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     if cfg.get("eos_token"):

@@ -1,8 +1,8 @@
 """`python -m course_lib.accel [build] [--device D] [--dtype T] [--compile-decode]`
 
 Prints what `LLM(accel=True)` runs on this machine, building the C++ kernels first if needed. With `build`, builds
-them and measures the panels' row limits ahead of time (what `make setup` calls), so that the first `LLM(accel=True)`
-does neither; a failed build is a warning and exit status 0, never a failed set-up.
+them and measures the panels' row limits ahead of time (what install.py, behind `make setup`, calls), so that the
+first `LLM(accel=True)` does neither; a failed build is a warning and exit status 0, never a failed set-up.
 """
 from __future__ import annotations
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from ..host import cpu_features
+
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("module.cpp", "fused_ops.cpp", "linear.cpp", "attention.cpp")
 
@@ -41,11 +43,7 @@ class BuildResult:
 def cpu_tag() -> str:
     """A short hash of this CPU's feature flags: a build made with -march=native for one CPU is never loaded on
     another (PyTorch's build cache is keyed by the sources and flags, not by the CPU)."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = platform.processor() or platform.machine()
-    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+    return hashlib.sha1(cpu_features().encode()).hexdigest()[:10]
 
 
 def missing_tools() -> list[str]:
@@ -127,7 +125,7 @@ def build_lock(build_dir: Path):
         yield
         return
     build_dir.mkdir(parents=True, exist_ok=True)
-    with open(build_dir / "course_lib.flock", "w") as f:
+    with open(build_dir / "course_lib.flock", "w", encoding="utf-8") as f:
         fcntl.flock(f, fcntl.LOCK_EX)  # a second process waits here while the first builds
         (build_dir / "lock").unlink(missing_ok=True)
         try:

@@ -127,12 +127,12 @@ def panel_rows(ops, dtype: torch.dtype) -> int:
     path = build_directory() / "panel_rows.json"
     key = f"{dtype_name(dtype)}, torch {torch.__version__}, {torch.get_num_threads()} threads"
     try:
-        known = json.loads(path.read_text())
+        known = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         known = {}
     if key not in known:
         known[key] = measure_panel_rows(ops, dtype)
-        path.write_text(json.dumps(known, indent=1))
+        path.write_text(json.dumps(known, indent=1), encoding="utf-8")
     return known[key]
 
 

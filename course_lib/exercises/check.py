@@ -7,6 +7,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..host import echo
+
 
 @dataclass
 class Case:
@@ -39,7 +41,7 @@ def _passes(fn: Callable, case: Case) -> bool:
             raise NotAttempted from None
         except Exception as e:  # noqa: BLE001 - a learner's bug is reported, not raised
             where = traceback.extract_tb(e.__traceback__)[-1]
-            print(f"✗ {case.description}: {type(e).__name__}: {e} (line {where.lineno})")
+            echo(f"✗ {case.description}: {type(e).__name__}: {e} (line {where.lineno})")
             return False
         try:
             case.verify(result)
@@ -49,11 +51,11 @@ def _passes(fn: Callable, case: Case) -> bool:
         except Exception as e:  # noqa: BLE001 - an odd return value (a str where a list belongs) fails its case
             shown = repr(result)
             shown = shown if len(shown) <= 120 else shown[:117] + "..."
-            print(f"✗ {case.description}: could not read the returned value {shown}: {type(e).__name__}: {e}")
+            echo(f"✗ {case.description}: could not read the returned value {shown}: {type(e).__name__}: {e}")
             return False
-        print(f"✓ {case.description}")
+        echo(f"✓ {case.description}")
         return True
-    print(f"✗ {case.description}: {missed}" + (f" (in each of {case.attempts} attempts)" if case.attempts > 1 else ""))
+    echo(f"✗ {case.description}: {missed}" + (f" (in each of {case.attempts} attempts)" if case.attempts > 1 else ""))
     return False
 
 
@@ -64,9 +66,9 @@ def run_checks(name: str, fn: Callable, cases: list[Case]) -> bool:
         try:
             passed += _passes(fn, case)
         except NotAttempted:
-            print(f"{name}: not attempted yet (the function still raises NotImplementedError)")
+            echo(f"{name}: not attempted yet (the function still raises NotImplementedError)")
             return False
-    print(f"{name}: {passed}/{len(cases)} checks passed")
+    echo(f"{name}: {passed}/{len(cases)} checks passed")
     return passed == len(cases)
 
 

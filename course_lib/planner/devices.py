@@ -8,11 +8,11 @@ GPU memory is built from power-of-two chips, so a datasheet's "80 GB" is 80 GiB 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from ..dtypes import default_dtype, dtype_name, resolve_device
+from ..host import cpu_vendor
 from ..profiling.memory import GiB
 from .names import lookup
 
@@ -77,15 +77,6 @@ class DeviceSpec:
         return cls(f"{THIS_MACHINE} ({processor_name(dev)}{threads})", memory, bandwidth, flops,
                    "measured by DeviceSpec.measure(): a copy's bytes/s and a matmul's FLOP/s, best of "
                    f"{repeats} (course_lib.profiling.roofline)", kind, cpu_vendor() if kind == "cpu" else None)
-
-
-def cpu_vendor() -> str | None:
-    """This CPU's maker as Linux reports it ("GenuineIntel", "AuthenticAMD"), or None."""
-    try:
-        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("vendor_id"))
-    except (OSError, StopIteration):
-        return None
-    return line.partition(":")[2].strip()
 
 
 def _gpu(name: str, memory_gib: float, bandwidth_gb_s: float, tflops: dict[str, float], source: str) -> DeviceSpec:

@@ -7,7 +7,8 @@ In Python: `create_app(llm, config=ServeConfig(...))` (app.py) is the FastAPI ap
 holds its key, allowed hosts and limits; `BackgroundServer` runs it in a thread.
 """
 from .app import create_app
-from .background import BackgroundServer, free_port, wait_until_healthy
+from .background import SERVER_PROCESS_OPTIONS, BackgroundServer, free_port, stop_gracefully, wait_until_healthy
 from .guards import ServeConfig
 
-__all__ = ["create_app", "BackgroundServer", "ServeConfig", "free_port", "wait_until_healthy"]
+__all__ = ["create_app", "BackgroundServer", "ServeConfig", "free_port", "wait_until_healthy", "stop_gracefully",
+           "SERVER_PROCESS_OPTIONS"]

@@ -86,8 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     def stop(signum, frame) -> None:  # uvicorn drains open requests, then the app's shutdown stops the loop
         server.server.should_exit = True
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    for name in ("SIGINT", "SIGTERM", "SIGBREAK"):  # SIGBREAK: Ctrl-Break, Windows' way to stop another process
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), stop)
     print(f"serving {name} on http://{args.host}:{args.port}/v1 ({llm.device}, {llm.model.dtype})", flush=True)
     if config.api_key is None and args.host not in (*LOOPBACK_HOSTS, "::1"):
         print(f"warning: {args.host} accepts other machines and no API key is set: anyone who can reach this port "

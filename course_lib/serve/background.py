@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import threading
@@ -37,6 +39,17 @@ def wait_until_healthy(base_url: str, process: subprocess.Popen | None = None, t
         if time.perf_counter() - t0 > timeout:
             raise RuntimeError(f"the server at {base_url} did not answer {path} within {timeout:.0f} s")
         time.sleep(0.2)
+
+
+# Windows can send another process no SIGINT: a server started in a process group of its own (these options to
+# subprocess.Popen) is stopped with Ctrl-Break instead. Elsewhere there is nothing to add.
+SERVER_PROCESS_OPTIONS: dict = {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if os.name == "nt" else {}
+
+
+def stop_gracefully(process: subprocess.Popen) -> None:
+    """Ask a `python -m course_lib.serve` process to finish its open requests and exit, as Ctrl-C in its terminal
+    would: SIGINT on Linux and macOS, Ctrl-Break on Windows (start it with `**SERVER_PROCESS_OPTIONS` there)."""
+    process.send_signal(signal.CTRL_BREAK_EVENT if os.name == "nt" else signal.SIGINT)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
         if r.error:
             print("failed:", r.error)
     if args.json:
-        with open(args.json, "w") as f:
+        with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"args": vars(args), "summary": summary, "records": [asdict(r) for r in records]}, f, indent=1)
     if args.plot:
         from ..viz.profiling import plot_latency_cdf

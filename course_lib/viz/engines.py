@@ -54,7 +54,7 @@ def sweep(base_url: str, engine: str, users: Sequence[int] = USERS, requests_per
 def load_saved(path: Path | str = SAVED) -> dict | None:
     """The last full run `benchmarks/serve_peers.py` saved ({"machine", "settings", "rows"}), or None."""
     path = Path(path)
-    return json.loads(path.read_text()) if path.is_file() else None
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def comparison_table(rows: Sequence[dict]) -> pd.DataFrame:
