@@ -46,7 +46,7 @@ bench: setup
 # through llama-cpp-python with its server (`python -m llama_cpp.server`)
 # (PyPI ships it as source: this compiles llama.cpp, several minutes on 2 cores; needs cmake and a C++ compiler).
 bench-peers: setup
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install "llama-cpp-python[server]"
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install "llama-cpp-python[server]"
 
 # The course as one zip to upload to Colab (/content, the Files pane), where every notebook's first cell unpacks
 # it: the committed files of HEAD (commit first), in one folder.
