@@ -197,8 +197,9 @@ def format_table(rows: list[dict]) -> str:
     lines = [head, "|" + " --- |" * 8]
     for r in rows:
         mma = (r["mma"] or "none (FMA)") if r["dot"] else "-"
+        shared = f"{r['shared'] / 1024:.1f} of {r['shared_limit'] // 1024} KiB"
         lines.append(f"| {r['kernel']} | {r['card']} ({r['sm']}) | {r['dtype']} | yes | {mma} | "
-                     f"{r['registers']} | {r['spills']} | {r['shared'] / 1024:.1f} of {r['shared_limit'] // 1024} KiB |")
+                     f"{r['registers']} | {r['spills']} | {shared} |")
     return "\n".join(lines)
 
 
