@@ -171,7 +171,8 @@ def test_cuda_graphs_match_eager_on_cuda(tokenizer):
     from course_lib.accel import plan_for
 
     check_triton_new_token("cuda")
-    check_triton_new_token("cuda", torch.bfloat16, rtol=2e-2)
+    if torch.cuda.get_device_capability()[0] >= 8:  # a T4 has no bfloat16: LLM refuses it there
+        check_triton_new_token("cuda", torch.bfloat16, rtol=2e-2)
     check_graph_steps("triton", torch.float32, 1e-4, "cuda")  # captured for real: same buffers, padding
     assert plan_for("cuda", torch.float32).cuda_graphs
     assert not plan_for("cuda", torch.float32, cuda_graphs=False).cuda_graphs

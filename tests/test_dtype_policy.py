@@ -11,9 +11,10 @@ import torch
 import course_lib
 from course_lib import tolerance
 from course_lib.chapter import setup_chapter
-from course_lib.dtypes import default_dtype, resolve_device_dtype
+from course_lib.config import ModelConfig
+from course_lib.dtypes import check_triton_dtype, default_dtype, resolve_device_dtype
 from course_lib.accel.fused_model import FusedRMSNorm
-from course_lib.model import RMSNorm
+from course_lib.model import RMSNorm, Transformer
 
 CARDS = {  # name: (compute capability, the dtype the engine must pick)
     "Tesla T4": ((7, 5), torch.float16),
@@ -72,6 +73,29 @@ def test_entry_points_follow_the_policy(card, monkeypatch, capsys):
         with pytest.raises(Stop):
             entry()
         assert seen == {"device": torch.device("cuda"), "dtype": want}, entry
+
+
+@pytest.mark.parametrize("options", [dict(accel=True), dict(quantization="int8"), dict(compile_decode=True)])
+def test_bfloat16_with_triton_is_refused_below_sm80(card, options, monkeypatch):
+    """A T4 has no bfloat16 arithmetic: `LLM` refuses it for the Triton kernels, before touching the model, and
+    says to use float16. The A100 and H100 take it; the reference engine takes it anywhere."""
+    monkeypatch.setattr(Transformer, "device", property(lambda self: torch.device("cuda")))  # no GPU here
+    model = Transformer(ModelConfig(vocab_size=16, hidden_size=16, intermediate_size=16, num_layers=1, num_heads=2,
+                                    num_kv_heads=1)).to(torch.bfloat16)
+
+    class Started(Exception):
+        pass
+
+    monkeypatch.setattr(course_lib.engine.llm, "LLMEngine", lambda *a, **k: (_ for _ in ()).throw(Started()))
+    monkeypatch.setattr("course_lib.accel.Accelerator.apply", lambda *a, **k: None)  # nothing to fuse on the CPU
+    monkeypatch.setattr("course_lib.quant.quantize_model", lambda *a, **k: None)
+    refused = CARDS[card][1] == torch.float16
+    with pytest.raises(ValueError if refused else Started, match="dtype='float16'" if refused else None):
+        course_lib.LLM.from_model(model, None, **options)
+    with pytest.raises(Started):  # the reference engine
+        course_lib.LLM.from_model(model, None)
+    check_triton_dtype("cuda", torch.float16)
+    check_triton_dtype("cpu", torch.bfloat16)
 
 
 def test_cpu_only_machine_picks_float32(monkeypatch):

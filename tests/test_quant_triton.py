@@ -146,7 +146,8 @@ def test_triton_wrapper_refuses_cpu_tensors_without_the_interpreter(monkeypatch)
 def test_triton_kernels_match_torch_cuda():
     pytest.importorskip("triton")
     check_triton_against_torch("cuda")
-    check_triton_against_torch("cuda", torch.bfloat16, rtol=2e-2)
+    if torch.cuda.get_device_capability()[0] >= 8:  # a T4 has no bfloat16: LLM refuses it there
+        check_triton_against_torch("cuda", torch.bfloat16, rtol=2e-2)
     check_wrapper_rejects_bad_inputs("cuda")
 
 

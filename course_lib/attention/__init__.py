@@ -31,15 +31,22 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     """Causal GQA attention. q [B, Tq, H, D]; k, v [B, Tk, KVH, D]; query i sits at position start + i.
 
     Keys 0..start+i are visible to query i. Returns [B, Tq, H, D].
+    Each case takes a form one of PyTorch's fused CUDA kernels accepts, never a mask together with GQA (which
+    only the math kernel takes, writing out every score): FlashAttention (compute capability 8.0 and later)
+    takes GQA but no mask, the memory-efficient kernel a mask but no GQA, so K/V are expanded to the query
+    heads where a mask is needed.
     """
     Tq, Tk = q.shape[1], k.shape[1]
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, seq, head_dim]
     gqa = q.shape[1] != k.shape[1]
-    if start == 0 and Tq == Tk:
+    if start == 0 and Tq == Tk:  # a whole prompt
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    else:
-        mask = causal_mask(Tq, Tk, start, q.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    elif Tq == 1 and start == Tk - 1:  # one query after all its keys: it sees every one
+        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    else:  # a chunk after cached tokens
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, heads, Tk, head_dim]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, start, q.device))
     return out.transpose(1, 2)  # [B, Tq, H, D]
 
 

@@ -257,21 +257,30 @@ def gather_blocks(cache_layer: torch.Tensor, table: torch.Tensor) -> torch.Tenso
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
-                            block_tables: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+                            block_tables: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
     """Several prompt chunks at once, each a row of a padded batch, over their stored context.
 
     q [num_chunks, max_chunk, heads, head_dim]; block_tables [num_chunks, max_blocks];
     visible [num_chunks, max_chunk, width] bool: query j of chunk i sees key t (t <= its position), with
-    `width` a multiple of the block size covering the longest context (`prefill_mask`).
+    `width` a multiple of the block size covering the longest context (`prefill_mask`); None for one chunk
+    that is a whole prompt (nothing cached before it): plain causal attention.
     Returns [num_chunks, max_chunk, heads, head_dim]. One SDPA for all chunks, instead of one per chunk.
+
+    K/V are expanded to the query heads: PyTorch's memory-efficient CUDA kernel takes a mask but no GQA (a mask
+    with GQA falls back to the math kernel, which writes out every score), and FlashAttention takes a whole
+    prompt's `is_causal`.
     """
+    width = q.shape[1] if visible is None else visible.shape[-1]
     block_size = k_cache_layer.shape[1]
-    table = block_tables[:, :visible.shape[-1] // block_size].clamp(min=0).long()  # [num_chunks, blocks]
-    k = gather_blocks(k_cache_layer, table)  # [num_chunks, width, kv_heads, head_dim]
-    v = gather_blocks(v_cache_layer, table)
-    gqa = q.shape[2] != k.shape[2]
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=visible[:, None], enable_gqa=gqa)  # [chunks, heads, max_chunk, d]
+    table = block_tables[:, :-(-width // block_size)].clamp(min=0).long()  # [num_chunks, blocks]
+    group = q.shape[2] // k_cache_layer.shape[2]
+    k, v = (gather_blocks(cache, table)[:, :width].repeat_interleave(group, dim=2)  # [chunks, width, heads, d]
+            for cache in (k_cache_layer, v_cache_layer))
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [chunks, heads, seq, head_dim]
+    if visible is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None])  # [chunks, heads, max_chunk, d]
     return out.transpose(1, 2)
 
 
@@ -307,8 +316,9 @@ class PagedAttention:
         self.decode_max_context_len = max((md.context_lens_cpu[i] for i in decodes), default=0)
         if chunks:  # built once per step, shared by every layer
             ix = md.indices
-            self.prefill_visible = prefill_mask(ix.prefill_positions, max(md.context_lens_cpu[i] for i in chunks),
-                                                kv_cache.block_size)  # [num_chunks, max_chunk, width]
+            whole_prompt = len(chunks) == 1 and md.context_lens_cpu[chunks[0]] == self.query_lens[chunks[0]]
+            self.prefill_visible = None if whole_prompt else prefill_mask(  # [num_chunks, max_chunk, width]
+                ix.prefill_positions, max(md.context_lens_cpu[i] for i in chunks), kv_cache.block_size)
             self.prefill_out_tokens = ix.prefill_tokens.flatten()[ix.prefill_valid]  # [num_prefill_tokens]
         self.done = False
 

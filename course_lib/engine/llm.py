@@ -15,7 +15,7 @@ from typing import Iterator
 import torch
 
 from ..checks import Integral, number
-from ..dtypes import resolve_device_dtype
+from ..dtypes import check_triton_dtype, resolve_device_dtype
 from ..loading import load_model
 from ..model import Transformer
 from ..sampling import SamplingParams
@@ -119,6 +119,8 @@ class LLM:
                quantization: str | None, group_size: int, accel, compile_decode: bool,
                enforce_eager: bool = False, speculative: SpeculativeConfig | None = None,
                batch_invariant: bool = False, tensor_parallel_size: int = 1) -> None:
+        if accel is not False or compile_decode or quantization is not None:  # the engine would run Triton on CUDA
+            check_triton_dtype(model.device, model.dtype)
         self.device, self.model, self.tokenizer = model.device, model, tokenizer
         self.accel = self.workers = None
         tp = number("tensor_parallel_size", tensor_parallel_size, Integral, lambda v: v >= 1, "an integer >= 1")
