@@ -20,14 +20,20 @@ from .sampling import Sampler
 
 @torch.inference_mode()
 def generate_tokens(model: Transformer, prompt_ids: list[int], next_token: Callable[[torch.Tensor], int],
-                    max_new_tokens: int) -> Iterator[int]:
+                    max_new_tokens: int, prefill_chunk: int | None = None) -> Iterator[int]:
     """Prefill `prompt_ids`, then decode one token per step; yields each new token id.
 
     `next_token(logits [1, vocab]) -> id` picks the token (greedy, a sampler, ...). The caller
     decides when to stop by leaving the loop; at most `max_new_tokens` are produced.
+    `prefill_chunk`: prefill the prompt that many tokens per forward (chunked prefill), not all at once: the same
+    tokens and positions, with sums over the cached keys split in another order.
     """
     cache = KVCache(model.config, max_seq_len=len(prompt_ids) + max_new_tokens, device=model.device, dtype=model.dtype)
     ids = torch.tensor([prompt_ids], device=model.device)  # [1, prompt_len]: the first step is the prefill
+    chunk = prefill_chunk or ids.shape[1]
+    for start in range(0, ids.shape[1] - chunk, chunk):  # every chunk but the last only fills the cache
+        model(ids[:, start:start + chunk], kv=cache, last_only=True)
+    ids = ids[:, (ids.shape[1] - 1) // chunk * chunk:]  # [1, last chunk]
     for _ in range(max_new_tokens):
         token = next_token(model(ids, kv=cache, last_only=True)[:, -1])  # logits [1, vocab]
         yield token

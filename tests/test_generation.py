@@ -178,3 +178,25 @@ def test_logit_bias_in_a_greedy_batch_applies_to_its_own_row_only():
     assert got == want[:1] + [7] + want[2:]
     sampled = SamplingParams(temperature=1.0, seed=0, logit_bias={3: 100})  # the sampling path too
     assert Sampler()(logits[:1], [sampled], [[]], ["e"]) == [3]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 9, 20])
+def test_chunked_prefill_in_the_generation_loop_gives_the_same_tokens(tiny, chunk):
+    """generate_tokens(prefill_chunk=c): the prompt fed c tokens per forward, the last chunk's logits picked from."""
+    from course_lib import tolerance
+    from course_lib.generate import generate_tokens
+
+    model = tiny(attention_bias=False)  # float64: rounding cannot move a token
+    prompt = [(7 * i + 3) % model.config.vocab_size for i in range(9)]
+    seen = {}
+
+    def greedy(key):
+        def pick(logits):
+            seen.setdefault(key, []).append(logits)
+            return int(logits.argmax())
+        return pick
+
+    whole = list(generate_tokens(model, prompt, greedy("whole"), 6))
+    chunked = list(generate_tokens(model, prompt, greedy("chunked"), 6, prefill_chunk=chunk))
+    assert chunked == whole and len(whole) == 6
+    tolerance.assert_close(torch.cat(seen["chunked"]), torch.cat(seen["whole"]), 1e-12)
