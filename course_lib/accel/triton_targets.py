@@ -121,7 +121,7 @@ def ptxas_usage(ptx: str, capability: int) -> tuple[int, int]:
 
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "kernel.ptx")
-        with open(src, "w") as f:
+        with open(src, "w", encoding="utf-8") as f:
             f.write(ptx)
         cmd = [get_ptxas(capability).path, "-lineinfo", "-v", "--regAllocOptLevel=2",
                f"--gpu-name={sm_arch_from_capability(capability)}", src, "-o", os.path.join(tmp, "kernel.cubin")]
