@@ -74,3 +74,65 @@ def show_pipeline(highlight: str | Sequence[str], chapter: str | None = None) ->
     ax.set_title(f"You are here: {chapter}" if chapter else "From text to text", loc="left", fontsize=11)
     fig.tight_layout()
     return fig
+
+
+def draw_request_loop() -> Figure:
+    """One request from text to text, with the decode loop: the README's picture (`benchmarks.thumbnails`).
+
+    text → tokenizer → prefill (fills the KV cache) → sampler → detokenizer → streamed text; the sampled token
+    goes back into a decode step (one token in, the cache grows by one) until EOS, a stop string or max_tokens.
+    """
+    fig, ax = plt.subplots(figsize=(11, 5.0))
+    bw, bh = 2.15, 1.3
+    col = [1.15, 3.85, 6.55, 9.25, 11.95, 14.65]
+    top, low = 4.0, 1.25
+    boxes = {  # name -> (x centre, y centre, title, detail, chapter, colour)
+        "text": (col[0], top, "text", "“What is a\nKV cache?”", "00", "#eef1f5"),
+        "tok": (col[1], top, "tokenizer", "chat template,\ntext → ids", "01", "#dbe9f6"),
+        "prefill": (col[2], top, "prefill", "the whole prompt\nin one pass", "05", "#f4a259"),
+        "sampler": (col[3], top, "sampler", "logits →\none token", "04", "#dbe9f6"),
+        "detok": (col[4], top, "detokenizer", "token → text", "01", "#dbe9f6"),
+        "stream": (col[5], top, "streamed text", "shown as\nit comes", "10", "#eef1f5"),
+        "kv": (col[1] - 0.6, low, "KV cache", "K, V of every\ntoken so far", "06", "#fde2c8"),
+        "decode": (col[2], low, "decode step", "one token in;\ncache grows by 1", "05", "#f4a259"),
+        "stop": (col[3], low, "stop?", "EOS, stop string,\nmax_tokens", "04", "#fff3bf"),
+        "done": (col[4], low, "done", "finish_reason:\nstop / length", "04", "#eef1f5"),
+    }
+    for x, y, title, detail, ch, colour in boxes.values():
+        ax.add_patch(FancyBboxPatch((x - bw / 2, y - bh / 2), bw, bh, boxstyle="round,pad=0.04,rounding_size=0.14",
+                                    fc=colour, ec="#52606d", lw=1.3))
+        ax.text(x, y + 0.33, title, ha="center", va="center", fontsize=13, weight="bold")
+        ax.text(x, y - 0.2, detail, ha="center", va="center", fontsize=11, color="#323f4b", linespacing=1.15)
+        ax.text(x + bw / 2, y - bh / 2 - 0.1, f"ch {ch}", ha="right", va="top", fontsize=10, color="#52606d")
+
+    def arrow(a, b, label="", at=(0.0, 0.0), colour="#323f4b", lw=1.8, ha="center", both=False):
+        ax.annotate("", b, a, arrowprops=dict(arrowstyle="<|-|>" if both else "-|>", color=colour, lw=lw,
+                                              mutation_scale=16, shrinkA=0, shrinkB=0))
+        if label:
+            ax.text(at[0], at[1], label, ha=ha, va="center", fontsize=11, color=colour, style="italic")
+
+    def edge(key, dx=0.0, dy=0.0):  # a point on a box's border: dx, dy in -1..1 of its half width and height
+        return boxes[key][0] + dx * (bw / 2 + 0.06), boxes[key][1] + dy * (bh / 2 + 0.06)
+
+    for a, b in [("text", "tok"), ("tok", "prefill"), ("prefill", "sampler"), ("sampler", "detok"),
+                 ("detok", "stream")]:
+        arrow(edge(a, dx=1), edge(b, dx=-1))
+    orange, blue = "#c2571a", "#1f6fb2"
+    arrow(edge("prefill", dx=-0.55, dy=-1), edge("kv", dx=0.55, dy=1), "fills", at=(4.55, 2.75), colour=orange,
+          ha="right")
+    arrow(edge("kv", dx=1), edge("decode", dx=-1), colour=orange, both=True)
+    # the loop: each sampled token is checked, then fed back as the next step's input
+    arrow(edge("sampler", dy=-1), edge("stop", dy=1), colour=blue, lw=2.6)
+    arrow(edge("stop", dx=-1), edge("decode", dx=1), "no", at=(col[2] + 1.35, low + 0.25), colour=blue, lw=2.6)
+    arrow(edge("decode", dx=0.55, dy=1), edge("sampler", dx=-0.55, dy=-1), colour=blue, lw=2.6)
+    arrow(edge("stop", dx=1), edge("done", dx=-1), "yes", at=(col[3] + 1.35, low + 0.25), colour=blue)
+    ax.text(col[3] + 0.2, 2.62, "the decode loop:\nthe sampled token is\nthe next step's input", ha="left",
+            va="center", fontsize=11, color=blue, weight="bold")
+    ax.text(0.05, -0.05, "Around every step: batching many requests (ch 07), quantized weights (ch 08), "
+            "TTFT and TPOT (ch 09).", fontsize=11, color="#52606d", va="center")
+    ax.set_xlim(0, 15.8)
+    ax.set_ylim(-0.3, 4.75)
+    ax.axis("off")
+    ax.set_title("One request, from text to text", loc="left", fontsize=15, weight="bold")
+    fig.tight_layout()
+    return fig
