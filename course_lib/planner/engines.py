@@ -147,7 +147,7 @@ FACTORS = [
     ("mixture of experts (MoE)", "a token reads only its active experts (e.g. 37B of DeepSeek-V3's 671B), so decode "
      "speed follows the active bytes while memory must hold all of them; llama.cpp's --cpu-moe / --n-cpu-moe N keep "
      "(N layers') expert weights in CPU RAM and the rest on the GPU",
-     "llama.cpp tools/server/README.md (--cpu-moe, --n-cpu-moe), docs/moe-cache.md"),
+     "llama.cpp tools/server/README.md (--cpu-moe, --n-cpu-moe; added in PR #15077), docs/moe-cache.md"),
     ("context length", "the KV cache grows with tokens x users (06): at long contexts it, not the weights, decides "
      "the users that fit and the card", "chapter 06; the planner's max_concurrency"),
     ("KV-cache quantization", "an 8-bit KV cache halves its bytes, so twice the users or the context fit: vLLM "
