@@ -4,7 +4,10 @@ import pytest
 from course_lib.exercises import check_best_format, check_itl_and_tpot, check_table_cell
 from course_lib.exercises.choosing import REQUESTS, reference_best_format, reference_itl_and_tpot, reference_table_cell
 from course_lib.planner import FORMATS
-from course_lib.planner.engines import DECISIONS, ENGINES, HARDWARE, USERS, decide, decision_table, placed_engines
+import re
+
+from course_lib.planner.engines import (DECISIONS, ENGINES, FACTORS, HARDWARE, USERS, VENDORS, decide, decision_table,
+                                        placed_engines)
 
 
 def test_every_cell_names_a_known_engine_and_every_engine_is_placed():
@@ -17,6 +20,49 @@ def test_every_cell_names_a_known_engine_and_every_engine_is_placed():
     assert decision_table().shape == (len(HARDWARE), len(USERS))
     with pytest.raises(ValueError, match="hardware"):
         decide("a phone", "one")
+
+
+def test_no_vllm_where_it_does_not_run_and_the_table_says_when_hardware_is_not_enough():
+    """vLLM runs on Linux (and WSL), not natively on macOS or Windows: no vLLM cell on a laptop CPU or a Mac."""
+    for hardware in ("laptop CPU", "Apple silicon"):
+        for users in USERS:
+            c = decide(hardware, users)
+            assert "vLLM" not in (c.engine, *c.also), (hardware, users)
+        many = decide(hardware, "many")
+        assert not many.enough and "--parallel" in many.lesson and "Linux" in many.lesson
+        assert decision_table().loc[hardware, "many"].endswith("(not enough)")
+    assert all(c.enough for (h, _), c in DECISIONS.items() if h not in ("laptop CPU", "Apple silicon"))
+    assert "Linux" in ENGINES["vLLM"].runs_on
+
+
+def test_several_gpus_split_by_their_link_as_chapter_13_says():
+    """Over PCIe: one copy a card (data parallel) or pipeline parallel; over NVLink: tensor parallel."""
+    assert {"several GPUs over PCIe", "several GPUs over NVLink"} <= set(HARDWARE)
+    for users in USERS:
+        pcie, nvlink = decide("several GPUs over PCIe", users), decide("several GPUs over NVLink", users)
+        assert "tensor-parallel" not in pcie.lesson and re.search(r"data-parallel|pipeline|split-mode layer",
+                                                                  pcie.lesson), users
+        assert "tensor parallel" in nvlink.lesson or "tensor-parallel" in nvlink.lesson, users
+    assert decide("several GPUs over PCIe", "many").engine != "TensorRT-LLM"
+
+
+def test_sglang_is_argued_on_what_vllm_lacks_and_the_factors_and_vendors_are_there():
+    sglang = decide("one data-centre GPU", "many")
+    assert sglang.engine == "SGLang" and "scheduling" in sglang.lesson and "structured" in sglang.lesson
+    factors = {name: (what, source) for name, what, source in FACTORS}
+    moe = factors["mixture of experts (MoE)"][0]
+    assert "--n-cpu-moe" in moe and "active" in moe
+    assert "--kv-cache-dtype fp8" in factors["KV-cache quantization"][0] and "context length" in factors
+    assert all(source for _, source in factors.values())
+    assert [v.split()[0] for v in VENDORS] == ["AMD", "Intel", "Huawei"]
+    assert "ROCm" in VENDORS["AMD (Instinct, Radeon)"][0] and "vLLM-Ascend" in VENDORS["Huawei Ascend (NPU)"][0]
+
+
+def test_every_llama_server_command_passes_its_port():
+    """llama-server's default port is changing: every command the course prints passes --port."""
+    texts = [ENGINES["llama.cpp"].start] + [c.lesson for c in DECISIONS.values()] + [w for _, w, _ in FACTORS]
+    commands = [m for t in texts for m in re.findall(r"llama-server[^;:,)]*", t)]
+    assert commands and all("--port" in cmd for cmd in commands if " -" in cmd), commands
 
 
 def test_formats_in_the_table_are_planner_formats():
@@ -49,6 +95,12 @@ def test_table_cell_reference_passes_and_mistakes_fail(capsys):
         return hardware, users
 
     assert not check_table_cell(gpu_first)
+
+    def any_link(situation):  # several GPUs as one kind, whatever links them
+        hardware, users = reference_table_cell({**situation, "nvlink": True})
+        return hardware, users
+
+    assert not check_table_cell(any_link)
     assert not check_table_cell(lambda s: ("a laptop", "one"))
     assert "✗" in capsys.readouterr().out
 

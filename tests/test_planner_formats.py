@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from course_lib.planner import FORMATS, WeightFormat, find_format, load_config, plan, weight_memory
+from course_lib.planner import (FORMATS, LLAMA_31_8B_FILES, WeightFormat, file_bits, find_format, load_config, plan,
+                                weight_memory)
 
 GiB = 2 ** 30
 QUANTIZE_README = "https://github.com/ggml-org/llama.cpp/blob/master/tools/quantize/README.md"
 
 # Llama-3.1-8B has Llama-3-8B's shapes (the PRESETS entry): the README's table, "size (GiB)" and "bits/weight"
-LLAMA_31_8B_GGUF = {"q4_k_m": (4.58, 4.8944), "q5_k_m": (5.33, 5.7036), "q6_k": (6.14, 6.5633),
-                    "q8_0": (7.95, 8.5008)}
+LLAMA_31_8B_GGUF = LLAMA_31_8B_FILES
 
 
 @pytest.mark.parametrize("name", LLAMA_31_8B_GGUF)
@@ -21,6 +21,14 @@ def test_gguf_files_of_llama_3_8b_match_llama_cpps_table(name):
     total = weight_memory(cfg, weight_format=name).total
     assert total / GiB == pytest.approx(gib, abs=0.006)
     assert 8 * total / cfg.num_parameters() == pytest.approx(bpw, abs=0.001)
+    assert file_bits("Llama-3-8B", name) == pytest.approx(bpw, abs=0.001)
+
+
+def test_block_bits_are_not_a_whole_files_bits():
+    """Q4_0 and Q4_K blocks are both 4.5 bits a weight; a Q4_K_M file is 4.89, wider than Q4_0's own file."""
+    assert FORMATS["q4_0"].bits_per_weight == FORMATS["q4_k_m"].bits_per_weight == 4.5
+    assert file_bits("Llama-3-8B", "q4_k_m") > file_bits("Llama-3-8B", "q4_0") + 0.2
+    assert file_bits("Llama-3-8B", "bf16") == pytest.approx(16, abs=0.01)
 
 
 def test_llama_3_70b_q4_k_m_is_about_40_gib_not_the_course_int4s_52():

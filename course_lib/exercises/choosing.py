@@ -1,7 +1,7 @@
 """Checkers for chapter 11 (choosing an engine): ITL vs TPOT, the decision table, a format that fits.
 
     check_itl_and_tpot(itl_and_tpot)          # (chunk_times, output_tokens) per request -> (mean ITL, mean TPOT)
-    check_table_cell(table_cell)              # a situation -> (hardware, users), a cell of DECISIONS
+    check_table_cell(table_cell)              # a situation -> (hardware, users), a cell of the decision table
     check_best_format(best_format)            # the widest weight format that fits a card for N users
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from ..planner.engines import DECISIONS, HARDWARE, USERS
+from ..planner.engines import HARDWARE, USERS, cell_text
 from .check import Case, run_checks
 
 # (chunk_times, output_tokens) of three requests as a client saw them (seconds): a short fast one, a long one
@@ -52,25 +52,34 @@ def check_itl_and_tpot(fn: Callable[[list[tuple[list[float], int]]], tuple[float
 
 
 SITUATIONS = [  # (situation, the cell it belongs to)
-    ({"apple_silicon": False, "gpus": 0, "gpu_class": None, "users": 1}, ("laptop CPU", "one")),
-    ({"apple_silicon": True, "gpus": 0, "gpu_class": None, "users": 1}, ("Apple silicon", "one")),
-    ({"apple_silicon": True, "gpus": 0, "gpu_class": None, "users": 8}, ("Apple silicon", "a team")),
-    ({"apple_silicon": False, "gpus": 1, "gpu_class": "consumer", "users": 1}, ("one consumer GPU", "one")),
-    ({"apple_silicon": False, "gpus": 1, "gpu_class": "consumer", "users": 20}, ("one consumer GPU", "a team")),
-    ({"apple_silicon": False, "gpus": 1, "gpu_class": "data-centre", "users": 500}, ("one data-centre GPU", "many")),
-    ({"apple_silicon": False, "gpus": 8, "gpu_class": "data-centre", "users": 1}, ("several GPUs", "one")),
-    ({"apple_silicon": False, "gpus": 4, "gpu_class": "consumer", "users": 200}, ("several GPUs", "many")),
+    ({"apple_silicon": False, "gpus": 0, "gpu_class": None, "nvlink": False, "users": 1}, ("laptop CPU", "one")),
+    ({"apple_silicon": True, "gpus": 0, "gpu_class": None, "nvlink": False, "users": 1}, ("Apple silicon", "one")),
+    ({"apple_silicon": True, "gpus": 0, "gpu_class": None, "nvlink": False, "users": 8}, ("Apple silicon", "a team")),
+    ({"apple_silicon": False, "gpus": 0, "gpu_class": None, "nvlink": False, "users": 300}, ("laptop CPU", "many")),
+    ({"apple_silicon": False, "gpus": 1, "gpu_class": "consumer", "nvlink": False, "users": 1},
+     ("one consumer GPU", "one")),
+    ({"apple_silicon": False, "gpus": 1, "gpu_class": "consumer", "nvlink": False, "users": 20},
+     ("one consumer GPU", "a team")),
+    ({"apple_silicon": False, "gpus": 1, "gpu_class": "data-centre", "nvlink": False, "users": 500},
+     ("one data-centre GPU", "many")),
+    ({"apple_silicon": False, "gpus": 8, "gpu_class": "data-centre", "nvlink": True, "users": 1},
+     ("several GPUs over NVLink", "one")),
+    ({"apple_silicon": False, "gpus": 4, "gpu_class": "consumer", "nvlink": False, "users": 200},
+     ("several GPUs over PCIe", "many")),
+    ({"apple_silicon": False, "gpus": 2, "gpu_class": "data-centre", "nvlink": False, "users": 10},
+     ("several GPUs over PCIe", "a team")),
 ]
 
 
 def reference_table_cell(situation: dict) -> tuple[str, str]:
-    """Apple silicon first; then no GPU -> laptop CPU, 2+ GPUs -> several, else by class; users 1 / 2-20 / more."""
+    """Apple silicon first; then no GPU -> laptop CPU, 2+ GPUs -> several by their link, else by class;
+    users 1 / 2-20 / more."""
     if situation["apple_silicon"]:
         hardware = "Apple silicon"
     elif situation["gpus"] == 0:
         hardware = "laptop CPU"
     elif situation["gpus"] > 1:
-        hardware = "several GPUs"
+        hardware = "several GPUs over NVLink" if situation["nvlink"] else "several GPUs over PCIe"
     else:
         hardware = "one data-centre GPU" if situation["gpu_class"] == "data-centre" else "one consumer GPU"
     n = situation["users"]
@@ -85,13 +94,11 @@ def check_table_cell(fn: Callable[[dict], tuple[str, str]]) -> bool:
             hardware, users = got
             assert hardware in HARDWARE, f"hardware must be one of {HARDWARE}, got {hardware!r}"
             assert users in USERS, f"users must be one of {USERS}, got {users!r}"
-            choice = DECISIONS[expected]
             assert (hardware, users) == expected, \
-                f"expected {expected} ({choice.engine} · {choice.weight_format}), got {(hardware, users)}"
+                f"expected {expected} ({cell_text(*expected)}), got {(hardware, users)}"
         return verify
 
-    cases = [Case(f"{s} -> {DECISIONS[c].engine} · {DECISIONS[c].weight_format}", (dict(s),), cell(c))
-             for s, c in SITUATIONS]
+    cases = [Case(f"{s} -> {cell_text(*c)}", (dict(s),), cell(c)) for s, c in SITUATIONS]
     return run_checks("table_cell", fn, cases)
 
 

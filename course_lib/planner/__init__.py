@@ -13,21 +13,23 @@
 
     presets    PRESETS (config.json sizes of well-known models), load_config (a name, dict, config.json or .gguf)
     devices    DeviceSpec (memory, bandwidth, FLOP/s per dtype, source), DEVICES (datasheets), DeviceSpec.measure()
-    formats    WeightFormat (bits a weight per kind of layer, what runs it, source), FORMATS, find_format
+    formats    WeightFormat (bits a weight per kind of layer, what runs it, source), FORMATS, find_format;
+               file_bits (bits a parameter over a whole file), LLAMA_31_8B_FILES (llama.cpp's published files)
     estimate   plan -> Plan: weights, KV cache, activations, fits, max users, TTFT, TPOT, tokens/s
     multi_gpu  split_plan, devices_needed: the same plan over tp devices (tensor parallelism, chapter 13)
     validate   the plan against the engine on this machine (predicted vs measured), calibrate
 """
 from .devices import DEVICES, THIS_MACHINE, DeviceSpec, find_device
 from .estimate import (BANDWIDTH_FRACTION, DECODE_FLOPS_FRACTION, FRACTIONS, GPU_FRACTIONS, MEMORY_UTILIZATION,
-                       PREFILL_FLOPS_FRACTION, Fractions, Plan, WeightMemory, default_fractions, plan, weight_memory)
-from .formats import FORMATS, WeightFormat, find_format
+                       PREFILL_FLOPS_FRACTION, Fractions, Plan, WeightMemory, default_fractions, file_bits, plan,
+                       weight_memory)
+from .formats import FORMATS, LLAMA_31_8B_FILES, WeightFormat, find_format
 from .multi_gpu import SplitPlan, devices_needed, split_plan, valid_tp_sizes
 from .presets import DEFAULT_MODEL, PRESETS, load_config
 
 __all__ = ["DEVICES", "THIS_MACHINE", "DeviceSpec", "find_device", "BANDWIDTH_FRACTION", "PREFILL_FLOPS_FRACTION",
            "DECODE_FLOPS_FRACTION", "FRACTIONS", "GPU_FRACTIONS", "Fractions", "default_fractions",
-           "MEMORY_UTILIZATION", "Plan", "WeightMemory", "plan", "weight_memory",
-           "FORMATS", "WeightFormat", "find_format",
+           "MEMORY_UTILIZATION", "Plan", "WeightMemory", "plan", "weight_memory", "file_bits",
+           "FORMATS", "LLAMA_31_8B_FILES", "WeightFormat", "find_format",
            "DEFAULT_MODEL", "PRESETS", "load_config",
            "SplitPlan", "devices_needed", "split_plan", "valid_tp_sizes"]

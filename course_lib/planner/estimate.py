@@ -198,6 +198,13 @@ class WeightMemory(NamedTuple):
     per_linear_weight: float  # 2 for bfloat16; codes + scales for INT8/INT4
 
 
+def file_bits(config, weight_format: str | WeightFormat) -> float:
+    """Bits a parameter over a whole checkpoint of `config` (a name, dict or ModelConfig) in `weight_format`:
+    embeddings, head, norms and wider layers included (Q4_K_M: 4.89 for Llama-3-8B, where its Q4_K blocks are 4.5)."""
+    config = load_config(config)
+    return 8 * weight_memory(config, weight_format=weight_format).total / config.num_parameters()
+
+
 def weight_memory(config: ModelConfig, dtype: torch.dtype | str = torch.bfloat16, weight_bits: int | None = None,
                   group_size: int = 32, kind: str = "gpu", weight_format: str | WeightFormat | None = None
                   ) -> WeightMemory:

@@ -7,6 +7,7 @@ formats keep some layers wider than the rest. AWQ, GPTQ and FP8 checkpoints keep
 
     from course_lib.planner import FORMATS, find_format
     find_format("Q4_K_M").bits_per_weight            # 4.5: a Q4_K block, 144 bytes per 256 weights
+    file_bits("Llama-3-8B", "q4_k_m")                 # 4.89: the whole file, lm_head and wider layers included
     plan("llama-3-70b", "h100", weight_format="awq")  # a real 4-bit checkpoint, not the course's QuantLinear
 """
 from __future__ import annotations
@@ -100,6 +101,13 @@ FORMATS: dict[str, WeightFormat] = {f.name: f for f in [
     WeightFormat("fp16", 16, 16, 16, "float16: 2 bytes a parameter", "any GPU, CPUs"),
 ]}
 ALIASES = {"float16": "fp16", "bfloat16": "bf16", "half": "fp16"}
+
+# Whole Llama-3.1-8B GGUF files as llama.cpp publishes them (_QUANTIZE_README's table): (size in GiB, bits a
+# weight over the whole file). A format's block bits (`bits_per_weight`: Q4_K is 4.5) are not a file's: Q4_K_M
+# stores lm_head and some layers wider, so its file averages 4.89. `file_bits(config, name)` computes the latter.
+LLAMA_31_8B_FILES = {"q4_k_m": (4.58, 4.8944), "q5_k_m": (5.33, 5.7036), "q6_k": (6.14, 6.5633),
+                     "q8_0": (7.95, 8.5008)}
+LLAMA_31_8B_FILES_SOURCE = _QUANTIZE_README
 
 
 def find_format(name: str | WeightFormat) -> WeightFormat:
