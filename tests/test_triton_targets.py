@@ -13,7 +13,7 @@ pytest.importorskip("triton", reason="Triton is not installed (it ships wheels f
 
 @pytest.fixture(scope="module")
 def rows():
-    """Compile every launch once for the module (49 compiles, each with a second `ptxas -v`: about 15 s)."""
+    """Compile every launch once for the module (70 compiles, each with a second `ptxas -v`: about 15 s)."""
     from course_lib.accel import triton_targets
 
     try:
@@ -28,15 +28,15 @@ def rows():
 
 
 def test_every_launch_compiles_for_every_card(rows):
-    """Seven launches; float16 on four cards, bfloat16 on the three that have it (compute capability >= 8.0)."""
+    """Ten launches; float16 on four cards, bfloat16 on the three that have it (compute capability >= 8.0)."""
     from course_lib.accel.triton_targets import CARDS
 
     kernels = {r["kernel"] for r in rows}
-    assert len(kernels) == 7
+    assert len(kernels) == 10
     for card in CARDS:
         dtypes = {r["dtype"] for r in rows if r["card"] == card.name}
         assert dtypes == ({"float16", "bfloat16"} if card.capability >= 80 else {"float16"})
-        assert len([r for r in rows if r["card"] == card.name]) == 7 * len(dtypes)
+        assert len([r for r in rows if r["card"] == card.name]) == 10 * len(dtypes)
 
 
 def test_matmuls_use_tensor_cores_from_sm80(rows):
@@ -53,5 +53,8 @@ def test_no_register_spills(rows):
 
 
 def test_shared_memory_fits_each_card(rows):
+    """Every kernel that reduces across threads asks for some; the combine of the decode splits reduces nothing
+    (a program's threads each own their share of head_dim), so it asks for none."""
     for r in rows:
-        assert 0 < r["shared"] <= r["shared_limit"], r
+        least = 0 if r["kernel"] == "decode attention, combine splits" else 1
+        assert least <= r["shared"] <= r["shared_limit"], r

@@ -9,7 +9,7 @@ the chapters read. Everything here exists only to run the same numbers faster on
     fused_ops.py       RMSNorm, residual add, RoPE and SiLU*up through the C++ kernels
     linear.py          `PackedLinear`: a weight packed once for oneDNN, and as panels for the rows of a decode step
     attention.py       `PagedAttention` with the C++ (CPU) or Triton (CUDA) kernel
-    triton_paged.py    the Triton decode-attention kernel
+    triton_paged.py    the Triton decode-attention kernel, long contexts split across programs (flash-decoding)
     triton_targets.py  the Triton kernels compiled for a T4, A100, L4 and H100 with no GPU here (a test checks them)
     compiled_decode.py the decode step through `torch.compile` (`compile_decode=True`)
     cuda_graphs.py     decode steps as CUDA graphs, one per batch-size bucket (`cuda_graphs`, CUDA's default)

@@ -14,6 +14,7 @@ does on a GPU, then compiles. A wrapper that changes its block sizes or dtypes c
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -62,18 +63,27 @@ class Launch:
 
 def record_launch(module: ModuleType, kernel_name: str, call: Callable[[], object]) -> Launch:
     """Run `call` (which calls a wrapper in `module`) and catch the launch of `module.<kernel_name>` instead of
-    running it. The wrappers refuse CPU tensors unless Triton interprets, so TRITON_INTERPRET=1 is set for the
-    call: nothing is interpreted, since the kernel is never launched."""
+    running it; every other kernel of `module` the wrapper launches (a second pass, as the split decode's combine)
+    is caught too and dropped. The wrappers refuse CPU tensors unless Triton interprets, so TRITON_INTERPRET=1 is
+    set for the call: nothing is interpreted, since no kernel is launched."""
     kernel = getattr(module, kernel_name)
     if not isinstance(kernel, JITFunction):
         raise RuntimeError(f"{kernel_name} is not compiled by Triton here (TRITON_INTERPRET was set at import)")
     caught: list[Launch] = []
 
     class Catch:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: caught.append(Launch(kernel, args, kwargs))
+        def __init__(self, name: str):
+            self.name = name
 
-    with mock.patch.object(module, kernel_name, Catch()), mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}):
+        def __getitem__(self, grid):
+            keep = self.name == kernel_name
+            return lambda *args, **kwargs: caught.append(Launch(kernel, args, kwargs)) if keep else None
+
+    jitted = [name for name, value in vars(module).items() if isinstance(value, JITFunction)]
+    with contextlib.ExitStack() as stack:
+        for name in jitted:
+            stack.enter_context(mock.patch.object(module, name, Catch(name)))
+        stack.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}))
         call()
     if len(caught) != 1:
         raise RuntimeError(f"expected one launch of {kernel_name}, caught {len(caught)}")
@@ -134,8 +144,10 @@ def ptxas_usage(ptx: str, capability: int) -> tuple[int, int]:
 def engine_launches(dtype: torch.dtype) -> dict[str, Launch]:
     """The launches `LLM(accel=True)` makes on CUDA for the default model (SmolLM2-135M: 9 query heads, 3 KV
     heads of 64; layers 576 wide, MLP 1536), in `dtype`: decode attention (a plain step and a CUDA-graph step,
-    which also attends to its own new token), and the INT8 and INT4 linears for a decode step (one row: split
-    K) and a prompt chunk (512 rows), INT4 in groups of 32 (`LLM`'s default) and 128 (`quantize_model`'s)."""
+    which also attends to its own new token; both once more for one sequence of 32,768 tokens, which the wrapper
+    splits 44 ways, and the kernel that combines the splits), and the INT8 and INT4 linears for a decode step
+    (one row: split K) and a prompt chunk (512 rows), INT4 in groups of 32 (`LLM`'s default) and 128
+    (`quantize_model`'s)."""
     from ..engine.llm_engine import EngineConfig
     from ..planner.presets import PRESETS, load_config
     from ..quant import int4, triton_kernels
@@ -150,6 +162,8 @@ def engine_launches(dtype: torch.dtype) -> dict[str, Launch]:
     lens = torch.full((seqs,), 40, dtype=torch.int32)  # [num_seqs]
     new = torch.zeros(seqs, kv_heads, head_dim, dtype=dtype)  # [num_seqs, kv_heads, head_dim]
     attend = triton_paged.triton_paged_decode_attention
+    long_table = torch.zeros(1, 32768 // block_size, dtype=torch.int32)  # one sequence of 32k tokens; ids unread
+    one = (q[:1], cache, cache, long_table, lens[:1])
     hidden, inter = cfg.hidden_size, cfg.intermediate_size
     codes, scales = torch.zeros(inter, hidden, dtype=torch.int8), torch.ones(inter)
     packed = {g: int4.quantize_int4(torch.zeros(inter, hidden), g) for g in (32, 128)}  # (packed, scales, mins)
@@ -161,6 +175,10 @@ def engine_launches(dtype: torch.dtype) -> dict[str, Launch]:
         "decode attention": (triton_paged, "_paged_decode_kernel", lambda: attend(q, cache, cache, tables, lens)),
         "decode attention, graph step": (triton_paged, "_paged_decode_kernel",
                                          lambda: attend(q, cache, cache, tables, lens, new, new)),
+        "decode attention, 32k split": (triton_paged, "_paged_decode_kernel", lambda: attend(*one)),
+        "decode attention, 32k split, graph step": (triton_paged, "_paged_decode_kernel",
+                                                    lambda: attend(*one, new[:1], new[:1])),
+        "decode attention, combine splits": (triton_paged, "_combine_splits_kernel", lambda: attend(*one)),
         "int8 linear, 1 row": (triton_kernels, "_int8_linear_kernel",
                                lambda: triton_kernels.int8_linear(x(1), codes, scales)),
         "int8 linear, 512 rows": (triton_kernels, "_int8_linear_kernel",
