@@ -197,9 +197,12 @@ def test_on_colab_the_cell_unpacks_an_uploaded_zip_then_uses_the_folder(colab_py
 
 
 def test_colab_packages_are_requirements():
-    requirements = (colab.ROOT / "requirements.txt").read_text()
+    """Each package the cell installs is one the course requires: the chapters', or (hypothesis) the tests' that
+    `benchmarks/gpu_check.py` runs on the GPU."""
+    requirements = "".join((colab.ROOT / name).read_text() for name in ("requirements.txt", "requirements-test.txt"))
     for package in colab.COLAB_PACKAGES:
         assert f"\n{package}" in requirements, package
+    assert "hypothesis>=6.100" in colab.COLAB_PACKAGES  # tests/conftest.py imports it
 
 
 def test_colab_links_and_bad_addresses():
