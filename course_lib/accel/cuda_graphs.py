@@ -39,6 +39,7 @@ from typing import Callable
 import torch
 
 from ..attention.paged import PagedKVCache, paged_decode_attention
+from ..host_copy import copy_into
 from ..model import Transformer
 
 MAX_CAPTURE_SIZE = 512  # vLLM's default: larger batches are throughput-bound, eager steps serve them
@@ -186,8 +187,9 @@ class CUDAGraphDecodeStep:
         if rows is None or width > self.max_blocks:
             raise ValueError(f"a step of {n} sequences with up to {width} blocks fits no graph (buckets up to "
                              f"{self.sizes[-1]}, {self.max_blocks} blocks): ask `takes` first")
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)  # [n, width]
-        self.block_tables[:n, :width].copy_(tables)  # later columns: stale block ids, masked by cached_lens
+        # [n, max_blocks]: whole rows, a contiguous target, one copy from pinned memory; padding (block 0) is
+        # masked by cached_lens
+        copy_into(self.block_tables[:n], [t + [0] * (self.max_blocks - len(t)) for t in block_tables])
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
         self.cached_lens[:n].copy_(positions)  # a decode token's position = the tokens cached before it
