@@ -48,6 +48,7 @@ on CUDA only; float32 and float16 are checked in both places.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -242,9 +243,15 @@ def _check_input(x: torch.Tensor, in_features: int, *weights: torch.Tensor) -> N
             raise ValueError(f"x is on {x.device} but a weight tensor is on {t.device}")
 
 
+@functools.cache
+def _device_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)  # asked once per GPU, not at every layer of every step
+
+
 def _capability(x: torch.Tensor) -> tuple[int, int]:
     """The compute capability of x's GPU; under the interpreter (CPU tensors) an H100's, (9, 0)."""
-    return torch.cuda.get_device_capability(x.device) if x.is_cuda else (9, 0)
+    return _device_capability(x.device.index if x.device.index is not None else torch.cuda.current_device()) \
+        if x.is_cuda else (9, 0)
 
 
 def _outputs(x: torch.Tensor, n: int, plan: LaunchPlan) -> tuple[torch.Tensor, torch.Tensor, dict]:
