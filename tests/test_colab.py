@@ -91,11 +91,12 @@ child = subprocess.run([sys.executable, "-c", "import course_lib; print(course_l
 report = {"cwd": os.getcwd(), "kernel": course_lib.__file__, "child": child.stdout.strip() or child.stderr}
 if sys.argv[2] == "serve":  # chapter 10's server cell, as the chapter runs it from notebooks/
     import functools, httpx, torch
-    from course_lib.serve import free_port, wait_until_healthy
+    from course_lib.serve import SERVER_PROCESS_OPTIONS, free_port, wait_until_healthy
     wait_until_healthy = functools.partial(wait_until_healthy, timeout=400)  # 2 busy cores can take minutes
     cells = [''.join(c["source"]) for c in json.load(open("10_serving.ipynb"))["cells"] if c["cell_type"] == "code"]
     shell.user_ns.update(setup=types.SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32),
-                         free_port=free_port, wait_until_healthy=wait_until_healthy, subprocess=subprocess, sys=sys)
+                         free_port=free_port, wait_until_healthy=wait_until_healthy, subprocess=subprocess, sys=sys,
+                         SERVER_PROCESS_OPTIONS=SERVER_PROCESS_OPTIONS)  # what the chapter's import cell gives it
     try:
         report["served"] = shell.run_cell(next(c for c in cells if "subprocess.Popen(" in c)).success
         report["health"] = report["served"] and httpx.get(shell.user_ns["base_url"] + "/health").status_code
