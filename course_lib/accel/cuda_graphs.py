@@ -139,6 +139,7 @@ class CUDAGraphDecodeStep:
             self.positions = torch.zeros(rows, dtype=torch.long, device=device)
             self.cached_lens = torch.zeros(rows, dtype=torch.int32, device=device)  # the kernels' int32
             self.block_tables = torch.zeros(rows, self.max_blocks, dtype=torch.int32, device=device)
+            self.tables_in = torch.zeros(rows * self.max_blocks, dtype=torch.int32, device=device)  # staging
             self.logits = torch.zeros(rows, model.config.vocab_size, dtype=model.dtype, device=device)
             kv_shape = (model.config.num_layers, rows, *kv_cache.k_cache.shape[-2:])  # [layers, rows, kv_heads, d]
             self.new_k = torch.zeros(kv_shape, dtype=kv_cache.k_cache.dtype, device=device)
@@ -187,9 +188,12 @@ class CUDAGraphDecodeStep:
         if rows is None or width > self.max_blocks:
             raise ValueError(f"a step of {n} sequences with up to {width} blocks fits no graph (buckets up to "
                              f"{self.sizes[-1]}, {self.max_blocks} blocks): ask `takes` first")
-        # [n, max_blocks]: whole rows, a contiguous target, one copy from pinned memory; padding (block 0) is
-        # masked by cached_lens
-        copy_into(self.block_tables[:n], [t + [0] * (self.max_blocks - len(t)) for t in block_tables])
+        # [n, width] from pinned memory into the first n * width ints of a flat buffer (a contiguous target: one
+        # host->device copy), then into the graph's [rows, max_blocks] tables on the device; later columns hold
+        # stale block ids, masked by cached_lens
+        padded = [t + [0] * (width - len(t)) for t in block_tables]  # [n, width]
+        tables = copy_into(self.tables_in[:n * width].view(n, width), padded)
+        self.block_tables[:n, :width].copy_(tables)
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
         self.cached_lens[:n].copy_(positions)  # a decode token's position = the tokens cached before it
