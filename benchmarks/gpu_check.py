@@ -10,6 +10,10 @@
    bfloat16 (where the GPU has it natively): the logits of one 48-token prompt, and 24 greedy tokens through
    the engine's paged cache, each of which must be the reference's greedy choice up to the dtype's rounding
    (TOLERANCE).
+   Then, where a GPU and a network exist, the GPU chapters' real model (`course_lib.chapter.GPU_MODEL`, from the
+   Hub) in float16 against float32 on real prompts: the largest activation as a fraction of float16's largest
+   number (65504: random weights never come near it, real ones may), and how often the two agree on the top
+   token; without either it is reported as skipped, with the reason.
 3. The Triton kernels (paged decode attention, `course_lib.accel.triton_paged`; INT8/INT4 matmuls) against their
    PyTorch twins (`course_lib.attention.paged.paged_decode_attention`; the checks of tests/test_quant_triton.py),
    on the GPU (with --cpu, in Triton's interpreter, float32 and float16). On the GPU also `pytest -m cuda`.
@@ -41,7 +45,8 @@ import torch
 from benchmarks.compare import OFFLINE_BATCHED_TOKENS, EngineSystem, TransformersSystem, Workload, measure_systems
 from course_lib import LLM, SamplingParams, load_tokenizer
 from course_lib.attention.paged import paged_decode_attention
-from course_lib.chapter import processor_name, quiet_libraries
+from course_lib import load_model
+from course_lib.chapter import GPU_MODEL, hub_reachable, processor_name, quiet_libraries
 from course_lib.config import ModelConfig
 from course_lib.dtypes import default_dtype, resolve_device
 from course_lib.loading import build_model
@@ -68,6 +73,15 @@ CPU_SIZES = {  # --cpu: the same shapes cut to 2 layers, the 1B one also narrowe
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 PROMPT_TOKENS, GREEDY_TOKENS = 48, 24
 INT4_SHAPE = "llama-3.2-1b"  # INT4 against float16: the shape whose decode reads the most weight bytes
+REAL_PROMPTS = (  # prose, code, a chat question and Chinese: real text is where large activations show
+    "The history of the printing press begins in the fifteenth century, when",
+    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n",
+    "Explain in two sentences why a KV cache makes decoding faster.",
+    "很久很久以前，在一座山上有一座庙，",
+)
+FLOAT16_MAX = torch.finfo(torch.float16).max  # 65504
+REAL_MAX_ACTIVATION = 0.5  # of FLOAT16_MAX: a factor of two of headroom
+REAL_TOP1 = 0.95  # the share of positions where float16's top token is float32's
 
 
 @dataclass
@@ -85,6 +99,11 @@ class Report:
     env: dict
     checks: list[Check] = field(default_factory=list)
     speed: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)  # checks this machine cannot run, each with its reason
+
+    def skip(self, section: str, name: str, reason: str) -> None:
+        self.skipped.append({"section": section, "name": name, "reason": reason})
+        print(f"  SKIP {name}: {reason}", flush=True)
 
     def add(self, check: Check) -> None:
         self.checks.append(check)
@@ -174,6 +193,70 @@ def check_against_transformers(report: Report, label: str, hf, model, tokenizer,
     report.add(Check("transformers", f"{label} greedy", bool((short <= tol).all()), short.max().item(), tol,
                      f"({identical}/{len(ours)} tokens the reference's argmax; median top-2 gap {margin:.1e})"))
     del llm
+
+
+def real_weights_skip_reason(device: torch.device) -> str:
+    """Why the real-weights check cannot run here ("" when it can): it needs CUDA, then the Hub."""
+    if device.type != "cuda":
+        return f"no GPU: {GPU_MODEL} in float16 against float32 runs on CUDA only"
+    if not hub_reachable():
+        return f"no network: the Hugging Face Hub does not answer (or HF_HUB_OFFLINE is set) to download {GPU_MODEL}"
+    return ""
+
+
+@torch.inference_mode()
+def largest_activations(model, ids: torch.Tensor) -> tuple[torch.Tensor, float, str]:
+    """(logits [1, seq, vocab] in float32, the largest |value| any module outputs, that module's name)."""
+    seen = {"value": 0.0, "where": ""}
+
+    def record(name):
+        def hook(module, args, out):
+            if isinstance(out, torch.Tensor) and out.is_floating_point():
+                value = out.abs().max().float().item()  # inf where float16 overflowed
+                if not value <= seen["value"]:  # also takes inf and NaN
+                    seen.update(value=value, where=name)
+        return hook
+
+    handles = [m.register_forward_hook(record(n)) for n, m in model.named_modules() if n]
+    try:
+        logits = model(ids).float()  # [1, seq, vocab]
+    finally:
+        for h in handles:
+            h.remove()
+    return logits, seen["value"], seen["where"]
+
+
+def real_weights_float16(report: Report, device: torch.device) -> None:
+    """GPU_MODEL from the Hub in float32, then in float16, on REAL_PROMPTS: the largest activation of float16 as a
+    fraction of FLOAT16_MAX, and top-1 agreement with float32 over every prompt position."""
+    name = f"{GPU_MODEL} float16"
+    reason = real_weights_skip_reason(device)
+    if reason:
+        for what in ("max activation", "top-1 agreement"):
+            report.skip("real weights", f"{name} {what}", reason)
+        return
+    tokenizer = load_tokenizer(GPU_MODEL)
+    prompts = [torch.tensor([tokenizer.encode(p)], device=device) for p in REAL_PROMPTS]  # [1, seq] each
+    model = load_model(GPU_MODEL, device, torch.float32)
+    want = [largest_activations(model, ids)[0] for ids in prompts]  # float32 first, then freed: a T4 holds one
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    model = load_model(GPU_MODEL, device, torch.float16)
+    largest, where, same, positions = 0.0, "", 0, 0
+    for ids, ref in zip(prompts, want):
+        logits, value, module = largest_activations(model, ids)
+        if not value <= largest:
+            largest, where = value, module
+        same += (logits.argmax(-1) == ref.argmax(-1)).sum().item()
+        positions += ids.shape[1]
+    del model
+    fraction = largest / FLOAT16_MAX
+    report.add(Check("real weights", f"{name} max activation", fraction <= REAL_MAX_ACTIVATION, fraction,
+                     REAL_MAX_ACTIVATION, f"(of float16's {FLOAT16_MAX:.0f}: {largest:.1f} at {where or '-'})"))
+    agree = same / positions
+    report.add(Check("real weights", f"{name} top-1 agreement", agree >= REAL_TOP1, agree, REAL_TOP1,
+                     f"({same}/{positions} positions of {len(prompts)} prompts; at least the tolerance)"))
 
 
 def check_triton(report: Report, device: torch.device, dtype: torch.dtype) -> None:
@@ -361,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     guarded(report, "Triton kernels", check_triton, report, device, policy)
     if device.type == "cuda":
         guarded(report, "pytest -m cuda", run_cuda_tests, report)
+    section("real weights in float16" + ("" if device.type == "cuda" else " (a GPU check)"))
+    guarded(report, "real weights in float16", real_weights_float16, report, device)
     if report.speed:
         section("speed")
         print_speed(report, work)
@@ -370,10 +455,12 @@ def main(argv: list[str] | None = None) -> int:
     failed = [c for c in report.checks if not c.passed]
     seconds = time.perf_counter() - start
     print(f"\ngpu_check: {len(report.checks) - len(failed)}/{len(report.checks)} checks passed in {seconds:.0f} s"
+          + (f", {len(report.skipped)} skipped (SKIP above says why)" if report.skipped else "")
           + "".join(f"\n  FAILED {c.name}" for c in failed))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"env": report.env, "checks": [asdict(c) for c in report.checks], "speed": report.speed,
+                       "skipped": report.skipped,
                        "cuda_graphs": cuda_graphs_note(device),
                        "workload": asdict(work), "seconds": seconds, "passed": not failed}, f, indent=1)
         print(f"wrote {args.json}")

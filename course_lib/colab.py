@@ -24,9 +24,10 @@ from pathlib import Path
 BRANCH = "main"  # the branch the README's badges open
 HOME = "/content"  # where Colab starts and where its Files pane uploads to
 # What Colab's image lacks of requirements.txt (it has torch, triton, transformers, pandas, matplotlib, ipywidgets,
-# openai, httpx...); transformers and accelerate are listed for the versions that read GGUF files.
+# openai, httpx, pytest...); transformers and accelerate are listed for the versions that read GGUF files, and
+# hypothesis because tests/conftest.py imports it: `benchmarks/gpu_check.py` runs `pytest -m cuda tests` on Colab.
 COLAB_PACKAGES = ["transformers>=4.56", "accelerate>=1.0", "gguf>=0.17", "fastapi>=0.110", "uvicorn>=0.29",
-                  "prometheus_client>=0.20"]
+                  "prometheus_client>=0.20", "hypothesis>=6.100"]
 MARKER = "# Colab set-up"
 REPO_FIELD = re.compile(r'^COURSE_REPO = "(.*)"  # @param', re.MULTILINE)
 ROOT = Path(__file__).resolve().parents[1]

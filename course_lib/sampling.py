@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .checks import Integral, Real, invalid, number
+from .host_copy import staged
 from .sampling_batch import BatchKnobs, sample_batch
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy, as in vLLM: logits / 1e-40 overflow to inf, softmax to NaN
@@ -109,8 +110,8 @@ def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float] | None) -> tor
     """OpenAI's logit_bias: add bias[token] to that token's logit in [..., vocab]."""
     if not bias:
         return logits
-    ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
-    values = torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+    ids = staged(list(bias), torch.long, logits.device)  # [n]
+    values = staged(list(bias.values()), logits.dtype, logits.device)  # [n]
     return logits.index_add(-1, ids, values.expand(*logits.shape[:-1], len(bias)))
 
 

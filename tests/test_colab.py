@@ -96,7 +96,7 @@ if sys.argv[2] == "serve":  # chapter 10's server cell, as the chapter runs it f
     cells = [''.join(c["source"]) for c in json.load(open("10_serving.ipynb"))["cells"] if c["cell_type"] == "code"]
     shell.user_ns.update(setup=types.SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32),
                          free_port=free_port, wait_until_healthy=wait_until_healthy, subprocess=subprocess, sys=sys,
-                         SERVER_PROCESS_OPTIONS=SERVER_PROCESS_OPTIONS)
+                         SERVER_PROCESS_OPTIONS=SERVER_PROCESS_OPTIONS)  # what the chapter's import cell gives it
     try:
         report["served"] = shell.run_cell(next(c for c in cells if "subprocess.Popen(" in c)).success
         report["health"] = report["served"] and httpx.get(shell.user_ns["base_url"] + "/health").status_code
@@ -198,9 +198,12 @@ def test_on_colab_the_cell_unpacks_an_uploaded_zip_then_uses_the_folder(colab_py
 
 
 def test_colab_packages_are_requirements():
-    requirements = (colab.ROOT / "requirements.txt").read_text()
+    """Each package the cell installs is one the course requires: the chapters', or (hypothesis) the tests' that
+    `benchmarks/gpu_check.py` runs on the GPU."""
+    requirements = "".join((colab.ROOT / name).read_text() for name in ("requirements.txt", "requirements-test.txt"))
     for package in colab.COLAB_PACKAGES:
         assert f"\n{package}" in requirements, package
+    assert "hypothesis>=6.100" in colab.COLAB_PACKAGES  # tests/conftest.py imports it
 
 
 def test_colab_links_and_bad_addresses():

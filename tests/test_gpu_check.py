@@ -44,6 +44,7 @@ def test_cpu_rehearsal_writes_every_check_and_figure(tmp_path):
     assert all(0 < r["extra"]["of_bandwidth"] for k, r in figures.items() if k[3] == "decode_tok_s")
     assert all(r["value"] > 0 for r in report["speed"])
     assert "none on the CPU" in report["cuda_graphs"]
+    assert [(k["section"], k["reason"].split(":")[0]) for k in report["skipped"]] == [("real weights", "no GPU")] * 2
     assert f"{high} requests / transformers batch-1" in proc.stdout
     assert "engine int4 / float16 batch-1 decode" in proc.stdout
 
@@ -98,3 +99,31 @@ def test_graphs_run_both_ways_only_where_llm_can_turn_them_off(monkeypatch):
     assert not gpu_check.graphs_switch()
     assert "not compared" in gpu_check.cuda_graphs_note(torch.device("cuda"))
     assert "none on the CPU" in gpu_check.cuda_graphs_note(torch.device("cpu"))
+
+
+def test_real_weights_check_says_why_it_skips(monkeypatch):
+    """No GPU, or a GPU without the Hub: the real-weights check loads nothing and reports a reason."""
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a skipped check must not load the model")
+
+    monkeypatch.setattr(gpu_check, "load_model", no_loading)
+    report = gpu_check.Report(env={})
+    gpu_check.real_weights_float16(report, torch.device("cpu"))
+    assert report.checks == [] and len(report.skipped) == 2 and "no GPU" in report.skipped[0]["reason"]
+    monkeypatch.setattr(gpu_check, "hub_reachable", lambda: False)
+    assert gpu_check.real_weights_skip_reason(torch.device("cuda")).startswith("no network")
+
+
+def test_real_weights_check_measures_float16_against_float32(monkeypatch):
+    """The measuring half on the CPU, with random weights standing in for the Hub model in both dtypes."""
+    shape = {**TINY, "vocab_size": 49152}  # the default tokenizer's ids
+    monkeypatch.setattr(gpu_check, "real_weights_skip_reason", lambda device: "")
+    monkeypatch.setattr(gpu_check, "load_tokenizer", lambda name: load_tokenizer())
+    monkeypatch.setattr(gpu_check, "load_model",
+                        lambda name, device, dtype: gpu_check.random_pair(shape, device, dtype)[1])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    report = gpu_check.Report(env={})
+    gpu_check.real_weights_float16(report, torch.device("cpu"))
+    activation, top1 = report.checks
+    assert activation.passed and 0 < activation.value < 1e-2 and "at " in activation.detail
+    assert top1.passed and top1.value >= gpu_check.REAL_TOP1 and "positions of 4 prompts" in top1.detail

@@ -132,12 +132,61 @@ def test_to_device_at_once_splits_back_shapes_and_dtypes():
         to_device_at_once([torch.ones(2), torch.ones(2, dtype=torch.float64)], "cpu")
 
 
+def test_staging_copies_the_values_and_pins_nothing_without_cuda(monkeypatch):
+    """On the CPU the staging helpers are torch.tensor and copy_: the right values, and pin_memory is never
+    called (it needs CUDA); CUDA devices pin only where CUDA is there."""
+    from course_lib import host_copy
+
+    def no_pinning(*args, **kwargs):
+        raise AssertionError("pin_memory called without CUDA")
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", no_pinning)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not host_copy.pins("cpu") and not host_copy.pins("cuda") and not host_copy.pins(torch.device("cuda", 1))
+    rows = host_copy.staged([[3, 1], [4, 1]], torch.int32, "cpu")
+    assert rows.dtype == torch.int32 and rows.tolist() == [[3, 1], [4, 1]]
+    bias = host_copy.staged([0.5, -2.0], torch.bfloat16, torch.device("cpu"))
+    assert bias.dtype == torch.bfloat16 and bias.tolist() == [0.5, -2.0]
+    tables = torch.full((4, 3), -1, dtype=torch.int32)  # a graph's static block tables, [max_rows, max_blocks]
+    host_copy.copy_into(tables[:2], [[7, 8, 0], [9, 0, 0]])  # the first rows: contiguous
+    assert tables.tolist() == [[7, 8, 0], [9, 0, 0], [-1, -1, -1], [-1, -1, -1]]
+    with pytest.raises(ValueError, match="contiguous"):
+        host_copy.copy_into(tables[:, :2], [[1, 2]] * 4)
+    moved = to_device_at_once([torch.tensor([1, 2]), torch.tensor([3], dtype=torch.int32)], "cpu")
+    assert [m.tolist() for m in moved] == [[1, 2], [3]]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert host_copy.pins("cuda") and not host_copy.pins("cpu")
+
+
+def test_engine_checks_its_limits_before_capturing_graphs(tiny, tokenizer):
+    """A refused max_model_len raises before the accelerator's decode step is made (captured or compiled)."""
+    captured = []
+    accel = type("Accel", (), {"attention": PagedAttention,
+                                "decode_step": lambda self, model, kv: captured.append(kv) or None})()
+    with pytest.raises(ValueError, match="max_model_len"):
+        LLMEngine(tiny, tokenizer, EngineConfig(max_model_len=10 ** 9), accel=accel)
+    assert captured == []
+    LLMEngine(tiny, tokenizer, EngineConfig(max_model_len=64), accel=accel)
+    assert len(captured) == 1
+
+
 @pytest.mark.cuda
 def test_to_device_at_once_on_cuda_makes_one_nonblocking_copy():
     moved = to_device_at_once([torch.arange(6).view(2, 3), torch.tensor([1, 2], dtype=torch.int32)], "cuda")
     torch.cuda.synchronize()
     assert moved[0].is_cuda and moved[0].tolist() == [[0, 1, 2], [3, 4, 5]] and moved[1].tolist() == [1, 2]
     assert moved[1].dtype == torch.int32 and moved[0].untyped_storage().nbytes() == 8 * 8  # a view of one buffer
+
+
+@pytest.mark.cuda
+def test_staging_on_cuda_pins_and_copies():
+    from course_lib import host_copy
+
+    target = torch.zeros(4, 3, dtype=torch.int32, device="cuda")
+    host_copy.copy_into(target[:2], [[1, 2, 3], [4, 5, 6]])
+    picked = host_copy.staged([2, 0], torch.long, "cuda")
+    torch.cuda.synchronize()
+    assert target.tolist()[:2] == [[1, 2, 3], [4, 5, 6]] and picked.is_cuda and picked.tolist() == [2, 0]
 
 
 # ---- prompt chunks in one call per layer ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from course_lib.quant import QuantLinear
 
@@ -63,6 +64,35 @@ def check_triton_against_torch(device: str, dtype: torch.dtype = torch.float32, 
         rel = ((got.float() - want).abs().max() / want.abs().max()).item()
         assert rel <= rtol, f"{method} g={g} {k}->{n} x{prefix} {dtype}: relative error {rel:.2e} > {rtol}"
         worst = max(worst, rel)
+    return worst
+
+
+def check_row_kernel_against_torch(device: str) -> float:
+    """The row kernel (what a T4 runs for 1-16 rows, chosen by faking compute capability 7.5) against dequantize
+    and matmul: INT8 and INT4 in groups of 32 and 128, 1-4 rows, on SmolLM2's width 576 (4.5 groups of 128) and
+    320 (2.5): the kernel must stop at the real width."""
+    from course_lib.quant import int4, int8
+    from course_lib.quant.triton_kernels import int4_linear, int8_linear
+    from course_lib.tolerance import assert_close
+
+    worst = 0.0
+    torch.manual_seed(0)
+    for k, n in ((576, 72), (320, 40)):
+        w = torch.randn(n, k)
+        codes, scales = (t.to(device) for t in int8.quantize_int8(w))
+        grouped = {g: tuple(t.to(device) for t in int4.quantize_int4(w, g)) for g in (32, 128)}
+        for rows in (1, 2, 3, 4):
+            x = torch.randn(rows, k, device=device)
+            want = F.linear(x, int8.dequantize_int8(codes, scales))
+            worst = max(worst, assert_close(int8_linear(x, codes, scales, capability=(7, 5)), want, 1e-5,
+                                            f"int8 row kernel, {rows} rows, {k}->{n}"))
+            for g, (p, s, m) in grouped.items():
+                want = F.linear(x, int4.dequantize_int4(p, s, m, k))
+                got = int4_linear(x, p, s, m, k, capability=(7, 5))
+                worst = max(worst, assert_close(got, want, 1e-5, f"int4 g{g} row kernel, {rows} rows, {k}->{n}"))
+        x = torch.randn(2, k, device=device).half()  # float16, as a T4 runs: rounded once, at the store
+        want = F.linear(x.float(), int8.dequantize_int8(codes, scales))
+        assert_close(int8_linear(x, codes, scales, capability=(7, 5)).float(), want, 2e-3, "int8 row kernel fp16")
     return worst
 
 
@@ -126,6 +156,48 @@ def test_plan_tiles_cover_the_layer_once(group_size):
                 assert p.block_k >= 16 or group_size % (2 * p.block_k), p  # small only when the group forces it
 
 
+def test_kernel_choice_by_capability_and_rows():
+    """tl.dot uses tensor cores from 8.0; below (a T4, a V100) few rows take the row kernel, many cuBLAS."""
+    pytest.importorskip("triton")
+    from course_lib.quant.triton_kernels import SPLIT_K_MAX_ROWS, choose_kernel
+
+    for cap in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0)):
+        assert {choose_kernel(cap, r) for r in (1, 4, 16, 17, 512)} == {"tile"}, cap
+    for cap in ((7, 5), (7, 0)):
+        assert [choose_kernel(cap, r) for r in (1, 4, SPLIT_K_MAX_ROWS)] == ["rows"] * 3
+        assert [choose_kernel(cap, r) for r in (SPLIT_K_MAX_ROWS + 1, 512)] == ["dequantize"] * 2
+    with pytest.raises(ValueError, match="at least one row"):
+        choose_kernel((7, 5), 0)
+
+
+def test_t4_prompt_dequantizes_to_cublas(monkeypatch):
+    """Many rows on a 7.5 card: no Triton launch, the dequantized weight through F.linear (cuBLAS on a GPU)."""
+    pytest.importorskip("triton")
+    from course_lib.quant import int4, int8, triton_kernels
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the wrapper accepts CPU tensors; no kernel may run
+    for name in ("_int8_linear_kernel", "_int4_linear_kernel", "_rows_linear_kernel"):
+        monkeypatch.setattr(triton_kernels, name, None)  # a launch would fail: None[grid]
+    w, x = torch.randn(40, 96), torch.randn(3, 17, 96)  # 51 rows
+    codes, scales = int8.quantize_int8(w)
+    got = triton_kernels.int8_linear(x, codes, scales, capability=(7, 5))
+    assert torch.equal(got, F.linear(x, int8.dequantize_int8(codes, scales)))
+    p, s, m = int4.quantize_int4(w, 32)
+    got = triton_kernels.int4_linear(x, p, s, m, 96, capability=(7, 5))
+    assert torch.equal(got, F.linear(x, int4.dequantize_int4(p, s, m, 96)))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 16])
+def test_row_plan_pads_rows_to_a_power_of_two_only(rows):
+    pytest.importorskip("triton")
+    from course_lib.quant.triton_kernels import ROWS_TILE, plan_launch
+
+    for g in (0, 32, 128):
+        p = plan_launch(rows, 576, 576, g, kernel="rows")
+        assert rows <= p.block_m < 2 * rows or p.block_m == 1, p
+        assert p.block_m * p.block_n * p.block_k <= ROWS_TILE and p.programs >= 64, p
+
+
 def test_triton_kernels_match_torch_interpreted(run_triton_interpreted):
     assert "triton max rel err" in run_triton_interpreted(__file__)
 
@@ -148,6 +220,7 @@ def test_triton_kernels_match_torch_cuda():
     check_triton_against_torch("cuda")
     if torch.cuda.get_device_capability()[0] >= 8:  # a T4 has no bfloat16: LLM refuses it there
         check_triton_against_torch("cuda", torch.bfloat16, rtol=2e-2)
+    check_row_kernel_against_torch("cuda")
     check_wrapper_rejects_bad_inputs("cuda")
 
 
@@ -157,5 +230,6 @@ if __name__ == "__main__":  # run by the test above with TRITON_INTERPRET=1
     # float16, not bfloat16: triton 3.9's interpreter computes tl.dot on bfloat16 blocks wrongly
     # (numpy has no bfloat16), so bfloat16 is checked on CUDA only
     err_half = check_triton_against_torch("cpu", torch.float16, rtol=2e-3)
+    err_rows = check_row_kernel_against_torch("cpu")
     check_wrapper_rejects_bad_inputs("cpu")
-    print(f"triton max rel err: float32 {err:.2e}, float16 {err_half:.2e}")
+    print(f"triton max rel err: float32 {err:.2e}, float16 {err_half:.2e}, row kernel (sm75) {err_rows:.2e}")

@@ -28,6 +28,7 @@ import time
 import torch
 
 from ..attention.paged import PagedKVCache, paged_decode_attention
+from ..host_copy import staged
 from ..model import Transformer
 from ..quant.linear import INT8_DEQUANTIZE_ROWS, QuantLinear
 
@@ -150,8 +151,8 @@ class CompiledDecodeStep:
         """input_ids, positions, slot_mapping [n]; block_tables: each sequence's blocks, enough for its
         position. Stores the new K/V at `slot_mapping` and returns logits [n, vocab]."""
         width = max(self.MIN_BLOCKS, max(map(len, block_tables)))
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32,
-                              device=input_ids.device)  # [n, blocks], the kernel's int32; padding reads block 0, masked
+        tables = staged([t + [0] * (width - len(t)) for t in block_tables], torch.int32,
+                        input_ids.device)  # [n, blocks], the kernel's int32; padding reads block 0, masked
         logits, new_k, new_v = self._run(input_ids, positions, tables, positions.to(torch.int32))
         self.steps += 1
         layers, _, kv_heads, head_dim = new_k.shape

@@ -39,6 +39,7 @@ from typing import Callable
 import torch
 
 from ..attention.paged import PagedKVCache, paged_decode_attention
+from ..host_copy import copy_into
 from ..model import Transformer
 
 MAX_CAPTURE_SIZE = 512  # vLLM's default: larger batches are throughput-bound, eager steps serve them
@@ -138,6 +139,7 @@ class CUDAGraphDecodeStep:
             self.positions = torch.zeros(rows, dtype=torch.long, device=device)
             self.cached_lens = torch.zeros(rows, dtype=torch.int32, device=device)  # the kernels' int32
             self.block_tables = torch.zeros(rows, self.max_blocks, dtype=torch.int32, device=device)
+            self.tables_in = torch.zeros(rows * self.max_blocks, dtype=torch.int32, device=device)  # staging
             self.logits = torch.zeros(rows, model.config.vocab_size, dtype=model.dtype, device=device)
             kv_shape = (model.config.num_layers, rows, *kv_cache.k_cache.shape[-2:])  # [layers, rows, kv_heads, d]
             self.new_k = torch.zeros(kv_shape, dtype=kv_cache.k_cache.dtype, device=device)
@@ -186,8 +188,12 @@ class CUDAGraphDecodeStep:
         if rows is None or width > self.max_blocks:
             raise ValueError(f"a step of {n} sequences with up to {width} blocks fits no graph (buckets up to "
                              f"{self.sizes[-1]}, {self.max_blocks} blocks): ask `takes` first")
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)  # [n, width]
-        self.block_tables[:n, :width].copy_(tables)  # later columns: stale block ids, masked by cached_lens
+        # [n, width] from pinned memory into the first n * width ints of a flat buffer (a contiguous target: one
+        # host->device copy), then into the graph's [rows, max_blocks] tables on the device; later columns hold
+        # stale block ids, masked by cached_lens
+        padded = [t + [0] * (width - len(t)) for t in block_tables]  # [n, width]
+        tables = copy_into(self.tables_in[:n * width].view(n, width), padded)
+        self.block_tables[:n, :width].copy_(tables)
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
         self.cached_lens[:n].copy_(positions)  # a decode token's position = the tokens cached before it

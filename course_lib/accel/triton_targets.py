@@ -147,7 +147,8 @@ def engine_launches(dtype: torch.dtype) -> dict[str, Launch]:
     which also attends to its own new token; both once more for one sequence of 32,768 tokens, which the wrapper
     splits 44 ways, and the kernel that combines the splits), and the INT8 and INT4 linears for a decode step
     (one row: split K) and a prompt chunk (512 rows), INT4 in groups of 32 (`LLM`'s default) and 128
-    (`quantize_model`'s)."""
+    (`quantize_model`'s); in float16 also the row kernel a T4 runs for decode steps (compute capability 7.5: no
+    tensor-core tl.dot)."""
     from ..engine.llm_engine import EngineConfig
     from ..planner.presets import PRESETS, load_config
     from ..quant import int4, triton_kernels
@@ -189,6 +190,15 @@ def engine_launches(dtype: torch.dtype) -> dict[str, Launch]:
             calls[f"int4 linear g{g}, {rows} row{'s' * (rows > 1)}"] = (
                 triton_kernels, "_int4_linear_kernel",
                 lambda rows=rows, p=p, s=s, m=m: triton_kernels.int4_linear(x(rows), p, s, m, hidden))
+    if dtype == torch.float16:  # the row kernel runs below compute capability 8.0, where there is no bfloat16
+        t4 = (7, 5)
+        calls["int8 row kernel, 1 row"] = (triton_kernels, "_rows_linear_kernel",
+                                           lambda: triton_kernels.int8_linear(x(1), codes, scales, capability=t4))
+        for g, rows in ((32, 1), (128, 4)):
+            p, s, m = packed[g]
+            calls[f"int4 g{g} row kernel, {rows} row{'s' * (rows > 1)}"] = (
+                triton_kernels, "_rows_linear_kernel",
+                lambda rows=rows, p=p, s=s, m=m: triton_kernels.int4_linear(x(rows), p, s, m, hidden, capability=t4))
     return {name: record_launch(module, kernel, call) for name, (module, kernel, call) in calls.items()}
 
 

@@ -122,15 +122,17 @@ class LLMEngine:
             budget = default_kv_cache_memory(model.config, config.max_num_seqs, config.max_model_len,
                                              config.block_size, model.device, model.dtype)
         kv_cache = PagedKVCache.from_memory(model.config, budget, config.block_size, model.device, model.dtype)
-        self.block_manager = BlockManager(kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens),
-                                   self.block_manager)
-        self.model_runner = ModelRunner(model, kv_cache, accel, attention, speculator)
         limit = min(model.config.max_position_embeddings, kv_cache.num_blocks * config.block_size)
         if config.max_model_len is not None and not 1 <= config.max_model_len <= limit:
             raise ValueError(f"max_model_len must be in [1, {limit}] (the model's context and the KV cache), "
                              f"got {config.max_model_len}")
         self.max_model_len = config.max_model_len or limit
+        self.block_manager = BlockManager(kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens),
+                                   self.block_manager)
+        # last: with accel the runner captures the CUDA graphs (or compiles the decode step), seconds to minutes
+        # of work that limits refused above would have wasted
+        self.model_runner = ModelRunner(model, kv_cache, accel, attention, speculator)
         self.requests: dict[str, Sequence] = {}
         self.router = OutputRouter()
         self.stats = EngineStats()

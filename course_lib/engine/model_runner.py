@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache, slots_for
-from ..host_copy import to_device_at_once
+from ..host_copy import staged, to_device_at_once
 from ..model import Transformer
 from ..sampling import Sampler
 from .scheduler import ScheduledBatch
@@ -84,7 +84,7 @@ class ModelRunner:
                 r += 1 + seq.num_draft_tokens
         out: list = [None] * len(seqs)
         if plain:
-            picked = logits if len(rows) == logits.shape[0] else logits[torch.tensor(rows, device=logits.device)]
+            picked = logits if len(rows) == logits.shape[0] else logits[staged(rows, torch.long, logits.device)]
             tokens = self.sampler(picked, [seqs[i].params for i in plain], [seqs[i].token_ids for i in plain],
                                   [seqs[i].request_id for i in plain])
             for i, token in zip(plain, tokens):

@@ -19,7 +19,9 @@ Backends, chosen once per layer when it is built (`backend="auto"` picks by the 
             `INT8_DEQUANTIZE_ROWS` rows (INT8: the codes cast to bfloat16, the scale applied after) or
             from `INT4_DEQUANTIZE_ROWS` rows per input feature (INT4: its weight dequantized for the
             step) the layer multiplies in bfloat16. Timings: benchmarks/RESULTS.md.
-  "triton"  CUDA: `triton_kernels`, dequantizing inside the matmul, on the portable layout.
+  "triton"  CUDA: `triton_kernels`, dequantizing inside the matmul, on the portable layout. Below compute
+            capability 8.0 (a T4), where Triton's `tl.dot` has no tensor cores, up to 16 rows take a row
+            kernel (multiply and sum) and more rows dequantize for cuBLAS (`triton_kernels.choose_kernel`).
 """
 from __future__ import annotations
 

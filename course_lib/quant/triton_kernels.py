@@ -33,6 +33,13 @@ split * M * N floats: for one row a few percent of the weight's bytes, at 16 row
 INT4 layer about as many. `plan_launch` picks the tiles and the split from the layer's shape
 alone, so tests can check the grid without a GPU.
 
+Below compute capability 8.0 (a T4 is 7.5) Triton compiles `tl.dot` to plain FMAs: no tensor cores, so a
+decode step padded to BLOCK_M = 16 rows does 16x the multiply-adds of one row. `choose_kernel` sends such a card
+elsewhere: a step of up to SPLIT_K_MAX_ROWS rows to `_rows_linear_kernel`, which multiplies a dequantized
+[BLOCK_N, BLOCK_K] weight tile by each row and sums along K (`tl.sum`), with BLOCK_M the rows rounded up to a
+power of two; more rows (a prompt) dequantize the weight and call cuBLAS (`F.linear`), which on a T4 runs
+float16 on its tensor cores. From 8.0 every step takes the tiled kernels above.
+
 The PyTorch twins are `int8.dequantize_int8` / `int4.dequantize_int4` followed by `F.linear`;
 `tests/test_quant_triton.py` compares the two under TRITON_INTERPRET=1, which must be set
 before this module is imported (triton decides at decoration time whether to interpret).
@@ -41,17 +48,34 @@ on CUDA only; float32 and float16 are checked in both places.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from . import int4, int8
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SPLIT_K_MAX_ROWS = 16  # up to this many rows a step is decode-like: one row tile, split K
 TARGET_PROGRAMS = 128  # about one program per SM of a datacenter GPU (an H100 has 132)
+TENSOR_CORE_DOT = (8, 0)  # from this compute capability Triton's tl.dot runs on tensor cores (mma)
+ROWS_TILE = 8192  # elements of a row kernel's [BLOCK_M, BLOCK_N, BLOCK_K] product: 64 a thread at 4 warps
+
+
+def choose_kernel(capability: tuple[int, int], rows: int) -> str:
+    """Which path a step of `rows` rows takes on a card of compute capability `capability` (7.5 -> (7, 5)):
+    "tile" (tl.dot on tensor cores), "rows" (multiply and sum, for few rows where tl.dot would be plain FMAs on
+    a 16-row tile), or "dequantize" (many rows without tensor-core tl.dot: dequantize, then cuBLAS)."""
+    if rows < 1:
+        raise ValueError(f"need at least one row, got {rows}")
+    if tuple(capability) >= TENSOR_CORE_DOT:
+        return "tile"
+    return "rows" if rows <= SPLIT_K_MAX_ROWS else "dequantize"
 
 
 @dataclass(frozen=True)
@@ -74,19 +98,29 @@ def _largest_pow2_divisor(n: int, cap: int) -> int:
     return min(n & -n, cap)  # n & -n: the lowest set bit of n
 
 
-def plan_launch(rows: int, in_features: int, out_features: int, group_size: int = 0) -> LaunchPlan:
+def plan_launch(rows: int, in_features: int, out_features: int, group_size: int = 0,
+                kernel: str = "tile") -> LaunchPlan:
     """Tiles and K split for `rows` x `in_features` times a [out_features, in_features] weight.
 
     group_size 0 means INT8 (one scale per row); otherwise INT4 with that group size, whose
     BLOCK_K divides the group (so a K step never straddles two groups) and whose K slices hold
     whole groups. Up to SPLIT_K_MAX_ROWS rows, K is split until the grid has about
-    TARGET_PROGRAMS programs (never an empty slice); beyond, one slice."""
+    TARGET_PROGRAMS programs (never an empty slice); beyond, one slice. kernel "rows" (`_rows_linear_kernel`,
+    up to SPLIT_K_MAX_ROWS rows) takes BLOCK_M = rows rounded up to a power of two and a BLOCK_K that keeps its
+    [BLOCK_M, BLOCK_N, BLOCK_K] product at ROWS_TILE elements (128 for 1-2 rows, 16 for 16)."""
     if min(rows, in_features, out_features) < 1 or group_size < 0:
         raise ValueError(f"need positive sizes, got rows={rows} in={in_features} out={out_features} group={group_size}")
+    if kernel not in ("tile", "rows"):
+        raise ValueError(f"kernel must be 'tile' or 'rows', got {kernel!r}")
+    if kernel == "rows" and rows > SPLIT_K_MAX_ROWS:
+        raise ValueError(f"the row kernel takes up to {SPLIT_K_MAX_ROWS} rows, got {rows}")
     decode = rows <= SPLIT_K_MAX_ROWS
     block_m = 16 if decode else 32  # 16: the smallest tile tl.dot takes
     block_n = 32 if decode else 64  # decode: narrower tiles, twice the programs
     block_k = 64 if decode else 32  # the same tile area, block_k x block_n, either way
+    if kernel == "rows":
+        block_m = triton.next_power_of_2(rows)  # no 16-row padding: at most 2x the rows
+        block_k = min(128, ROWS_TILE // (block_m * block_n))
     if group_size:
         block_k = _largest_pow2_divisor(group_size, block_k)
     chunk = group_size or block_k  # the unit a K slice is made of
@@ -157,6 +191,40 @@ def _int4_linear_kernel(
              acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
+@triton.jit
+def _rows_linear_kernel(
+    x_ptr, w_ptr, scale_ptr, min_ptr, y_ptr, M, N, K, n_groups, K_PER_SPLIT,
+    stride_xm, stride_wn, stride_ys, stride_ym,
+    GROUP_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """INT8 (GROUP_SIZE 0: w is codes [N, K] int8) or INT4 (w is packed [N, K/2] uint8) for few rows, no tl.dot:
+    each K step dequantizes a [BLOCK_N, BLOCK_K] weight tile once and multiplies every row by it."""
+    rm = tl.arange(0, BLOCK_M)  # every row of x: one row tile
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output features
+    k_lo = tl.program_id(2) * K_PER_SPLIT
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
+                    mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0).to(tl.float32)  # [BM, BK]
+        w_mask = (rn[:, None] < N) & (rk[None, :] < K)
+        if GROUP_SIZE == 0:
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=w_mask, other=0).to(tl.float32)  # [BN, BK]
+        else:  # BLOCK_K divides GROUP_SIZE: the whole step lies in group k0 // GROUP_SIZE
+            byte = tl.load(w_ptr + rn[:, None] * stride_wn + (rk // 2)[None, :], mask=w_mask, other=0)  # [BN, BK]
+            code = (byte >> ((rk % 2) * 4)[None, :]) & 0x0F  # even k: low nibble, odd k: high nibble
+            g = k0 // GROUP_SIZE
+            scale = tl.load(scale_ptr + rn * n_groups + g, mask=rn < N, other=0.0)  # [BN]
+            low = tl.load(min_ptr + rn * n_groups + g, mask=rn < N, other=0.0)  # [BN]
+            w = code.to(tl.float32) * scale[:, None] + low[:, None]  # [BN, BK]
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)  # [BM, BN, BK] -> [BM, BN]
+    if GROUP_SIZE == 0:
+        acc = acc * tl.load(scale_ptr + rn, mask=rn < N, other=0.0)[None, :]  # one scale per output row
+    tl.store(y_ptr + tl.program_id(2) * stride_ys + rm[:, None] * stride_ym + rn[None, :],
+             acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels with its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -175,6 +243,17 @@ def _check_input(x: torch.Tensor, in_features: int, *weights: torch.Tensor) -> N
             raise ValueError(f"x is on {x.device} but a weight tensor is on {t.device}")
 
 
+@functools.cache
+def _device_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)  # asked once per GPU, not at every layer of every step
+
+
+def _capability(x: torch.Tensor) -> tuple[int, int]:
+    """The compute capability of x's GPU; under the interpreter (CPU tensors) an H100's, (9, 0)."""
+    return _device_capability(x.device.index if x.device.index is not None else torch.cuda.current_device()) \
+        if x.is_cuda else (9, 0)
+
+
 def _outputs(x: torch.Tensor, n: int, plan: LaunchPlan) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """x as [M, K], the buffer the kernel writes ([split, M, N]; float32 partial sums when split), its meta."""
     x2 = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K]
@@ -185,14 +264,21 @@ def _outputs(x: torch.Tensor, n: int, plan: LaunchPlan) -> tuple[torch.Tensor, t
     return x2, out, meta
 
 
+def _rows_meta(meta: dict) -> dict:
+    """The row kernel's constants: the tiles, without tl.dot's precision."""
+    return {k: v for k, v in meta.items() if k != "PRECISION"}
+
+
 def _reduce(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """[S, M, N] -> y [..., N] in x's dtype: add the K slices' partial sums (a fixed order: deterministic)."""
     y = out[0] if out.shape[0] == 1 else out.sum(0).to(x.dtype)  # [M, N]
     return y.view(*x.shape[:-1], out.shape[-1])  # [..., N]
 
 
-def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ (codes [N, K] int8 * scales [N])^T -> y [..., N] in x's dtype."""
+def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                capability: tuple[int, int] | None = None) -> torch.Tensor:
+    """x [..., K] @ (codes [N, K] int8 * scales [N])^T -> y [..., N] in x's dtype. The kernel is chosen by
+    `choose_kernel` from the rows and `capability` (x's GPU's when None; a test passes another)."""
     if codes.dtype != torch.int8 or codes.dim() != 2:
         raise TypeError(f"codes must be a 2-D int8 tensor, got {codes.dtype} {tuple(codes.shape)}")
     if scales.shape != (codes.shape[0],):
@@ -200,16 +286,26 @@ def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> t
     _check_input(x, codes.shape[1], codes, scales)
     n, k = codes.shape
     codes, scales = codes.contiguous(), scales.float().contiguous()
-    plan = plan_launch(math.prod(x.shape[:-1]) or 1, k, n)
+    rows = math.prod(x.shape[:-1]) or 1
+    kernel = choose_kernel(capability or _capability(x), rows)
+    if kernel == "dequantize":  # cuBLAS in x's dtype: float16 on a T4's tensor cores
+        return F.linear(x, int8.dequantize_int8(codes, scales, x.dtype))
+    plan = plan_launch(rows, k, n, kernel=kernel)
     x2, out, meta = _outputs(x, n, plan)
+    if kernel == "rows":
+        _rows_linear_kernel[plan.grid](x2, codes, scales, scales, out, x2.shape[0], n, k, 1, plan.k_per_split,
+                                       x2.stride(0), codes.stride(0), out.stride(0), out.stride(1),
+                                       GROUP_SIZE=0, **_rows_meta(meta))
+        return _reduce(out, x)
     _int8_linear_kernel[plan.grid](x2, codes, scales, out, x2.shape[0], n, k, plan.k_per_split,
                                    x2.stride(0), codes.stride(0), out.stride(0), out.stride(1), **meta)
     return _reduce(out, x)
 
 
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
-                in_features: int) -> torch.Tensor:
-    """x [..., K] @ W^T with W stored as `int4.quantize_int4` returns it -> y [..., N] in x's dtype."""
+                in_features: int, capability: tuple[int, int] | None = None) -> torch.Tensor:
+    """x [..., K] @ W^T with W stored as `int4.quantize_int4` returns it -> y [..., N] in x's dtype; the kernel
+    is chosen as `int8_linear` chooses it."""
     if packed.dtype != torch.uint8 or packed.dim() != 2:
         raise TypeError(f"packed must be a 2-D uint8 tensor, got {packed.dtype} {tuple(packed.shape)}")
     n, padded = packed.shape[0], packed.shape[1] * 2
@@ -221,8 +317,17 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, min
     n_groups = scales.shape[1]
     group_size = padded // n_groups
     packed, scales, mins = packed.contiguous(), scales.float().contiguous(), mins.float().contiguous()
-    plan = plan_launch(math.prod(x.shape[:-1]) or 1, in_features, n, group_size)
+    rows = math.prod(x.shape[:-1]) or 1
+    kernel = choose_kernel(capability or _capability(x), rows)
+    if kernel == "dequantize":
+        return F.linear(x, int4.dequantize_int4(packed, scales, mins, in_features, x.dtype))
+    plan = plan_launch(rows, in_features, n, group_size, kernel=kernel)
     x2, out, meta = _outputs(x, n, plan)
+    if kernel == "rows":
+        _rows_linear_kernel[plan.grid](x2, packed, scales, mins, out, x2.shape[0], n, in_features, n_groups,
+                                       plan.k_per_split, x2.stride(0), packed.stride(0), out.stride(0),
+                                       out.stride(1), GROUP_SIZE=group_size, **_rows_meta(meta))
+        return _reduce(out, x)
     _int4_linear_kernel[plan.grid](x2, packed, scales, mins, out, x2.shape[0], n, in_features, n_groups,
                                    plan.k_per_split // group_size,
                                    x2.stride(0), packed.stride(0), out.stride(0), out.stride(1),
