@@ -31,10 +31,11 @@ def plot_fit(splits: Mapping[str, SplitPlan], capacities: Mapping[str, float]) -
     ax.bar(names, kv, bottom=weights, color=RANK_COLORS[1], label="KV cache")
     top = max(w + k for w, k in zip(weights, kv))
     for i, (w, k) in enumerate(zip(weights, kv)):
-        ax.text(i, w + k + top * 0.015, f"weights {w:.0f} GB\n+ KV {k:.0f} GB", ha="center", va="bottom", fontsize=8)
+        ax.text(i, w + k + top * 0.015, f"weights {w:.0f} GB\n+ KV {k:.0f} GB", ha="center", va="bottom", fontsize=8,
+                bbox=dict(facecolor="white", edgecolor="none", pad=0.5))  # readable where a card's line crosses
     for (card, gb), style in zip(capacities.items(), (":", "--", "-.")):
         ax.axhline(gb, color="0.3", linestyle=style, linewidth=1)
-        ax.text(len(names) - 0.45, gb, f"{card}: {gb:.0f} GB usable", fontsize=8, ha="left", va="center")
+        ax.text(len(names) - 0.45, gb, f"{card}: {gb:.0f} GB usable", fontsize=8, ha="left", va="bottom")
     ax.set_xlim(-0.5, len(names) + 0.75)
     ax.set_ylim(0, top * 1.18)
     ax.set_ylabel("GB on one device (1 GB = 1e9 bytes)")
