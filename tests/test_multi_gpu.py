@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from course_lib.parallel import LINKS, comm_per_token, measure_all_reduce, ring_all_reduce_seconds
+from course_lib.parallel import LINKS, all_reduce_seconds, comm_per_token, measure_all_reduce, ring_all_reduce_seconds
 from course_lib.planner import devices_needed, load_config, plan, split_plan, valid_tp_sizes
 
 LOAD = dict(weight_format="bf16", context_len=8192, concurrency=16)
@@ -34,6 +34,27 @@ def test_devices_needed_for_the_chapters_models():
         if tp > 1:
             assert not split_plan(model, device, tp // 2, **load).fits
     assert devices_needed("Llama-3.1-405B", "RTX 4090", max_devices=8, **LOAD) is None
+
+
+def test_split_plan_users_and_tpot():
+    """More devices leave more memory for KV on each, so more users fit; the step divides over tp."""
+    splits = {tp: split_plan("Llama-3-70B", "H100 SXM", tp, **LOAD) for tp in (1, 2, 4, 8)}
+    assert splits[1].max_concurrency == 0  # the bf16 weights alone do not fit one H100
+    assert 0 < splits[2].max_concurrency < 16 <= splits[4].max_concurrency < splits[8].max_concurrency
+    s = splits[4]
+    free, per_user = s.usable_bytes - s.weight_bytes - s.activation_bytes, s.kv_bytes / 16
+    assert s.max_concurrency * per_user <= free < (s.max_concurrency + 1) * per_user
+    assert s.tpot_s == pytest.approx(s.whole.tpot_s / 4)
+
+
+def test_all_reduce_seconds_adds_a_latency_per_call():
+    nvlink, pcie = LINKS["NVLink 4 (H100 SXM)"], LINKS["PCIe 4.0 x16"]
+    assert all_reduce_seconds(1e6, 1, nvlink, calls=161) == 0
+    assert all_reduce_seconds(8, 4, nvlink, calls=161) == pytest.approx(161 * nvlink.latency_s, rel=1e-3)
+    assert all_reduce_seconds(1e6, 4, pcie, calls=3) == pytest.approx(3 * (30e-6 + 1.5e6 / 32e9))
+    assert all_reduce_seconds(1e6, 2, pcie, latency_s=0) == ring_all_reduce_seconds(1e6, 2, pcie)
+    with pytest.raises(ValueError, match="no per-call latency"):
+        all_reduce_seconds(1e6, 4, LINKS["InfiniBand NDR (between machines)"])
 
 
 def test_ring_all_reduce_formula():

@@ -7,10 +7,10 @@
 """
 from .accounting import comm_per_token, rank_weight_bytes, weight_bytes
 from .layers import CommStats, RowParallelLinear, VocabParallelEmbedding, VocabParallelLMHead
-from .links import LINKS, Link, measure_all_reduce, ring_all_reduce_seconds
+from .links import LINKS, Link, all_reduce_seconds, measure_all_reduce, ring_all_reduce_seconds
 from .shard import TPShard, plan_shard, rank_config, shard_model
 from .workers import TensorParallelWorkers
 
 __all__ = ["CommStats", "LINKS", "Link", "RowParallelLinear", "TPShard", "TensorParallelWorkers",
-           "VocabParallelEmbedding", "VocabParallelLMHead", "comm_per_token", "measure_all_reduce", "plan_shard",
+           "VocabParallelEmbedding", "VocabParallelLMHead", "all_reduce_seconds", "comm_per_token", "measure_all_reduce", "plan_shard",
            "rank_config", "rank_weight_bytes", "ring_all_reduce_seconds", "shard_model", "weight_bytes"]

@@ -3,7 +3,9 @@
 A device is three numbers and a source: memory (bytes), memory bandwidth (bytes/s) and dense
 matmul FLOP/s per dtype. Datasheets quote tensor-core FLOP/s "with sparsity" (2:4 structured
 sparsity, which inference with ordinary weights does not use): the table keeps the dense half.
-GPU memory is built from power-of-two chips, so a datasheet's "80 GB" is 80 GiB here.
+GPU memory is built from power-of-two chips, so a datasheet's "80 GB" is 80 GiB here (1 GiB = 2**30 bytes):
+nvidia-smi shows an H100 "80 GB" as 81,559 MiB (79.6 GiB) and an H200 "141 GB" as 143,771 MiB (140.4 GiB), close
+to the GiB reading and 7% above the GB one (141 GB would be 131 GiB).
 """
 from __future__ import annotations
 
@@ -102,7 +104,8 @@ DEVICES: dict[str, DeviceSpec] = {d.name: d for d in [
     _gpu("H100 SXM", 80, 3350, _HOPPER,
          "NVIDIA H100 datasheet (1,979 TFLOPS bf16 with sparsity): "
          "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
-    _gpu("H200", 141, 4800, _HOPPER, "NVIDIA H200 SXM specifications: https://www.nvidia.com/en-us/data-center/h200/"),
+    _gpu("H200", 141, 4800, _HOPPER, "NVIDIA H200 SXM specifications (141 GB; nvidia-smi: 143,771 MiB): "
+         "https://www.nvidia.com/en-us/data-center/h200/"),
     _gpu("RTX 4090", 24, 1008, {"bfloat16": 165.2, "float16": 165.2, "float32": 82.6},
          "NVIDIA Ada Lovelace architecture whitepaper, appendix (tensor FP16/BF16 with FP32 accumulate, dense): "
          "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"),

@@ -37,6 +37,18 @@ class SplitPlan:
     def fits(self) -> bool:
         return self.per_device_bytes <= self.usable_bytes
 
+    @property
+    def max_concurrency(self) -> int:
+        """Users of the plan's context length whose KV share fits on each device next to its weights and activations."""
+        per_user = self.kv_bytes / self.whole.concurrency
+        return max(int((self.usable_bytes - self.weight_bytes - self.activation_bytes) // per_user), 0)
+
+    @property
+    def tpot_s(self) -> float:
+        """The one-device plan's decode step divided over tp devices (each reads 1/tp of the weights and KV and does
+        1/tp of the FLOPs); the all-reduces come on top (`course_lib.parallel.all_reduce_seconds`)."""
+        return self.whole.tpot_s / self.tp
+
 
 def valid_tp_sizes(config, limit: int = 64) -> list[int]:
     """Device counts that split the query heads evenly (powers of two, as engines use them), up to `limit`."""

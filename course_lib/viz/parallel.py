@@ -1,6 +1,6 @@
 """Pictures of scaling out (notebook 13): what fits on a card, three ways to split, one layer split by ranks.
 
-    plot_fit(splits, capacities)   # weights + KV of each model on one card, against the cards' usable memory
+    plot_fit(splits, capacities)   # weights + KV of each model on one card (labelled GB), against cards' usable memory
     draw_parallelism()             # data, pipeline and tensor parallelism side by side
     draw_layer_split(tp=2)         # the MLP: column-parallel up, row-parallel down, one all-reduce
     plot_link_times(rows)          # seconds of all-reduce per step over each link, against the compute time
@@ -18,20 +18,27 @@ RANK_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52")
 
 
 def plot_fit(splits: Mapping[str, SplitPlan], capacities: Mapping[str, float]) -> Figure:
-    """Stacked weights and KV cache of each model on one device (GB, log scale), with each card's usable memory."""
+    """Stacked weights and KV cache of each model on one device (GB, linear axis), each part labelled with its GB,
+    with each card's usable memory as a line. A linear axis keeps the small model's bars honest next to the big ones;
+    the labels keep them readable."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
     names = list(splits)
     weights = [splits[n].weight_bytes / 1e9 for n in names]
     kv = [splits[n].kv_bytes / 1e9 for n in names]
     ax.bar(names, weights, color=RANK_COLORS[0], label="weights")
     ax.bar(names, kv, bottom=weights, color=RANK_COLORS[1], label="KV cache")
+    top = max(w + k for w, k in zip(weights, kv))
+    for i, (w, k) in enumerate(zip(weights, kv)):
+        ax.text(i, w + k + top * 0.015, f"weights {w:.0f} GB\n+ KV {k:.0f} GB", ha="center", va="bottom", fontsize=8,
+                bbox=dict(facecolor="white", edgecolor="none", pad=0.5))  # readable where a card's line crosses
     for (card, gb), style in zip(capacities.items(), (":", "--", "-.")):
         ax.axhline(gb, color="0.3", linestyle=style, linewidth=1)
-        ax.text(len(names) - 0.55, gb * 1.05, f"{card}: {gb:.0f} GB usable", fontsize=8, ha="right")
-    ax.set_yscale("log")
-    ax.set_ylabel("GB on one device")
+        ax.text(len(names) - 0.45, gb, f"{card}: {gb:.0f} GB usable", fontsize=8, ha="left", va="bottom")
+    ax.set_xlim(-0.5, len(names) + 0.75)
+    ax.set_ylim(0, top * 1.18)
+    ax.set_ylabel("GB on one device (1 GB = 1e9 bytes)")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     return fig
