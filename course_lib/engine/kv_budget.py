@@ -14,10 +14,15 @@ half of the free memory, which leaves room for a second model. A chapter that wa
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..attention.paged import PagedKVCache
 from ..config import ModelConfig
+
+if TYPE_CHECKING:
+    from .llm_engine import EngineConfig
 
 CPU_KV_CACHE_BYTES = 512 * 2**20  # the most a default engine reserves on the CPU
 GPU_KV_CACHE_MAX_FRACTION = 0.5  # the most a default engine reserves on CUDA: this share of the free memory
@@ -53,6 +58,27 @@ def default_kv_cache_memory(config: ModelConfig, max_num_seqs: int, max_model_le
         raise ValueError(f"one sequence of max_model_len={max_model_len} tokens needs {_mib(one_seq)} of KV cache, "
                          f"more than {where} ({_mib(cap)}); lower max_model_len or pass kv_cache_memory=")
     return min(max_num_seqs * one_seq, cap)
+
+
+def kv_pool(config: ModelConfig, engine: EngineConfig, device: torch.device | str, dtype: torch.dtype | str,
+            free_memory=free_device_memory) -> tuple[int, int]:
+    """An engine's KV pool, worked out before any tensor exists: (blocks, max_model_len).
+
+    The engine builds its cache from this, and a test sizes every chapter's engines with it for a model and a card
+    it does not have (`free_memory` stands in for the card). A `max_model_len` the pool cannot hold is a ValueError.
+    """
+    budget = engine.kv_cache_memory
+    if budget is None:  # what max_num_seqs x max_model_len can use, within the device's cap
+        budget = default_kv_cache_memory(config, engine.max_num_seqs, engine.max_model_len, engine.block_size,
+                                         device, dtype, free_memory)
+    elif isinstance(budget, float) and torch.device(device).type == "cuda":  # a fraction of the free memory
+        budget = int(budget * free_memory(torch.device(device)))
+    blocks = PagedKVCache.num_blocks_for_memory(config, budget, engine.block_size, device, dtype)
+    limit = min(config.max_position_embeddings, blocks * engine.block_size)
+    if engine.max_model_len is not None and not 1 <= engine.max_model_len <= limit:
+        raise ValueError(f"max_model_len must be in [1, {limit}] (the model's context and the KV cache), "
+                         f"got {engine.max_model_len}")
+    return blocks, engine.max_model_len or limit
 
 
 def _mib(num_bytes: int) -> str:

@@ -27,7 +27,7 @@ from ..model import Transformer
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager
-from .kv_budget import default_kv_cache_memory
+from .kv_budget import kv_pool
 from .model_runner import ModelRunner
 from .output_router import OutputRouter
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -117,16 +117,8 @@ class LLMEngine:
                  speculator=None, attention=None):
         self.model, self.tokenizer, self.speculator = model, tokenizer, speculator
         self.config = config = config or EngineConfig()
-        budget = config.kv_cache_memory
-        if budget is None:  # what max_num_seqs x max_model_len can use, within the device's cap
-            budget = default_kv_cache_memory(model.config, config.max_num_seqs, config.max_model_len,
-                                             config.block_size, model.device, model.dtype)
-        kv_cache = PagedKVCache.from_memory(model.config, budget, config.block_size, model.device, model.dtype)
-        limit = min(model.config.max_position_embeddings, kv_cache.num_blocks * config.block_size)
-        if config.max_model_len is not None and not 1 <= config.max_model_len <= limit:
-            raise ValueError(f"max_model_len must be in [1, {limit}] (the model's context and the KV cache), "
-                             f"got {config.max_model_len}")
-        self.max_model_len = config.max_model_len or limit
+        num_blocks, self.max_model_len = kv_pool(model.config, config, model.device, model.dtype)
+        kv_cache = PagedKVCache(model.config, num_blocks, config.block_size, model.device, model.dtype)
         self.block_manager = BlockManager(kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens),
                                    self.block_manager)
