@@ -81,6 +81,19 @@ def extract(archive: Path, dest: Path) -> Path:
     return dest / prefix
 
 
+def vendored_commit(archive: Path) -> str | None:
+    """The llama.cpp commit the sdist vendors (its git submodule's HEAD, kept in the sdist), or None. The sources
+    carry no git history, so without it `llama-server --version` would say "commit unknown"."""
+    with tarfile.open(archive) as tar:
+        top = tar.getmembers()[0].name.split("/")[0]
+        try:
+            head = tar.extractfile(f"{top}/.git/modules/vendor/llama.cpp/HEAD")
+        except KeyError:
+            return None
+        text = head.read().decode().strip() if head else ""
+    return text[:7] if len(text) == 40 and all(c in "0123456789abcdef" for c in text) else None
+
+
 def build(archive: Path | None = None, version: str = VERSION, jobs: int | None = None) -> dict[str, Path]:
     """Build llama-server and llama-bench into build/llama.cpp/cmake/bin; returns their paths."""
     if shutil.which("cmake") is None:
@@ -99,7 +112,8 @@ def build(archive: Path | None = None, version: str = VERSION, jobs: int | None 
         shutil.rmtree(out)  # configured for other sources (another version): cmake refuses to reuse it
     env = dict(os.environ)  # compile jobs: --jobs, else $CMAKE_BUILD_PARALLEL_LEVEL, else every core
     env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs or env.get("CMAKE_BUILD_PARALLEL_LEVEL") or os.cpu_count() or 1)
-    configure = ["cmake", "-S", str(src), "-B", str(out)] + [f"-D{k}={v}" for k, v in CMAKE_OPTIONS.items()]
+    options = CMAKE_OPTIONS | ({"LLAMA_BUILD_COMMIT": commit} if (commit := vendored_commit(archive)) else {})
+    configure = ["cmake", "-S", str(src), "-B", str(out)] + [f"-D{k}={v}" for k, v in options.items()]
     subprocess.run(configure, check=True, env=env)
     subprocess.run(["cmake", "--build", str(out), "--config", "Release", "--target", *TARGETS], check=True, env=env)
     folder = out / "bin" / "Release" if (out / "bin" / "Release").is_dir() else out / "bin"  # Release/: MSVC

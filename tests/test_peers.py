@@ -47,6 +47,7 @@ def _sdist(path, names):
 def test_only_the_vendored_llama_cpp_is_unpacked(tmp_path):
     archive = _sdist(tmp_path / "p-1.0.tar.gz", ["p-1.0/setup.py", "p-1.0/vendor/llama.cpp/CMakeLists.txt",
                                                   "p-1.0/vendor/llama.cpp/src/llama.cpp"])
+    assert peers.vendored_commit(archive) is None  # no submodule HEAD in this sdist
     src = peers.extract(archive, tmp_path / "out")
     assert (src / "CMakeLists.txt").is_file() and (src / "src" / "llama.cpp").is_file()
     assert not (tmp_path / "out" / "p-1.0" / "setup.py").exists()
