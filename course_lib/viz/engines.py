@@ -6,16 +6,16 @@
     plot_engines(rows, title=...)            # tokens/s and TTFT against users, one line per engine
 
     exe = llama_cpp_binary("llama-server")   # llama.cpp's own server (`make bench-peers` builds it), or None
-    subprocess.Popen(llama_server_command(exe, port, parallel=16))   # on the course's GGUF file, 16 slots batched
+    rows += sweep_llama_server(exe, "llama-server", parallel=16)   # started on the course's GGUF file, swept, stopped
 
 `benchmarks/serve_peers.py` starts the servers and saves a full run; a chapter runs `sweep` live on its own server.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Sequence
 
@@ -26,18 +26,13 @@ from matplotlib.figure import Figure
 
 from ..host import cpu_features
 from ..loading import default_gguf_path
+from ..serve.background import SERVER_PROCESS_OPTIONS, free_port, stop_gracefully, wait_until_healthy
 from ..serve.bench import benchmark, summarize
 
 SAVED = Path(__file__).resolve().parents[2] / "benchmarks" / "serve_peers.json"
 USERS = (1, 4, 16)
 LLAMA_CPP_BUILD = Path(__file__).resolve().parents[2] / "build" / "llama.cpp"  # `make bench-peers` builds here
 LLAMA_CPP_BIN = "LLAMA_CPP_BIN"  # environment variable: a folder with llama.cpp's binaries (a release, your build)
-
-
-def llama_cpp_server_available() -> bool:
-    """Whether `python -m llama_cpp.server` can start here: llama-cpp-python with its [server] extras."""
-    return all(importlib.util.find_spec(m) is not None
-               for m in ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings"))
 
 
 def llama_cpp_binary(name: str) -> Path | None:
@@ -87,8 +82,24 @@ def sweep(base_url: str, engine: str, users: Sequence[int] = USERS, requests_per
             for r in records:
                 r.output_tokens = r.output_tokens or len(r.chunk_times)
             summary = summarize(records, summary["duration"])
-        rows.append({"engine": engine, "users": n, **summary})
+        errors = sorted({r.error for r in records if r.error})  # why requests failed, kept with the run
+        rows.append({"engine": engine, "users": n, **summary, **({"errors": errors} if errors else {})})
     return rows
+
+
+def sweep_llama_server(exe: Path | str, engine: str, parallel: int, threads: int | None = None,
+                       **sweep_args) -> list[dict]:
+    """Start `llama-server` (`llama_server_command`: the course's GGUF file, `parallel` slots) on a free port,
+    `sweep` it (`sweep_args`), stop it; its rows, named `engine`."""
+    port = free_port()
+    server = subprocess.Popen(llama_server_command(exe, port, parallel, threads), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, **SERVER_PROCESS_OPTIONS)
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", server, timeout=600)
+        return sweep(f"http://127.0.0.1:{port}", engine, **sweep_args)
+    finally:
+        stop_gracefully(server)
+        server.wait(timeout=60)
 
 
 def load_saved(path: Path | str = SAVED) -> dict | None:
