@@ -37,16 +37,17 @@ test-browser: setup-test
 figures: setup
 	$(PY) -m benchmarks.make_figures
 
-# The engine (LLM(accel=True), eager and compiled) against transformers (and llama.cpp when bench-peers
-# installed it), one table of ratios.
+# The engine (LLM(accel=True), eager and compiled) against transformers (and llama.cpp where bench-peers
+# built it), one table of ratios.
 bench: setup
 	$(PY) -m benchmarks.compare --json benchmarks/compare.json
 
-# Optional peers for `make bench` and `python -m benchmarks.serve_peers`, never part of `make test`: llama.cpp
-# through llama-cpp-python with its server (`python -m llama_cpp.server`)
-# (PyPI ships it as source: this compiles llama.cpp, several minutes on 2 cores; needs cmake and a C++ compiler).
+# Optional peers for `make bench` and `python -m benchmarks.serve_peers`, never part of `make test`: llama.cpp's
+# own llama-server (continuous batching, --parallel N) and llama-bench, built from the llama.cpp sources vendored in
+# llama-cpp-python's sdist into build/llama.cpp/ (10-25 minutes on 2 cores; needs cmake and a C++ compiler).
+# benchmarks/peers.py does it (compile jobs: every core), standard library only, so Windows runs it the same way.
 bench-peers: setup
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install "llama-cpp-python[server]"
+	$(PY) -m benchmarks.peers build
 
 # The course as one zip to upload to Colab (/content, the Files pane), where every notebook's first cell unpacks
 # it: the committed files of HEAD (commit first), in one folder.

@@ -42,19 +42,14 @@ from .presets import load_config
 
 # CPU fractions: the shares of this machine's measured ceilings (`DeviceSpec.measure()`) that the engine reached,
 # from `validate.calibrate(LLM())`: torch 2.13, float32, the reference engine (`LLM()`'s default). They belong to the
-# CPU's maker, because the engine's float32 `F.linear` is MKL's, and MKL runs different code on each:
-#  - a 2-core Intel Xeon (AVX-512, 2.6 GHz): the medians of four sessions of 5 rounds, two while other programs
-#    ran on the host (copy 24-26 GB/s, matmul 320-350 GFLOP/s): (0.505, 0.702, 0.292), (0.518, 0.688, 0.292), and
-#    two on a quiet one (27-28 GB/s, 380-395 GFLOP/s): (0.605, 0.770, 0.349), (0.618, 0.713, 0.343). The engine's
-#    small steps gain more from a quiet host than a copy or a big matmul do, hence the spread.
-#  - 2-core AMD EPYCs (Zen 5, no AMX; copy 29-49 GB/s, matmul 145-210 GFLOP/s), three hosts: medians of 3 rounds
-#    (0.245, 0.832, 0.624), (0.251, 0.890, 0.746), (0.295, 0.841, 0.400), (0.255, 0.912, 0.845) on one,
-#    (0.32, 0.92, 0.98) on another, and CI's failing checks with the Intel shares put the bandwidth share at
-#    0.32-0.35 on a third. MKL's one-row product there is slow code, not memory: a batch-1 step reads its weights
-#    at ~1/4-1/3 of a copy's bytes/s, while prefills run near the matmul ceiling. 16-row steps differ most between
-#    hosts (0.40-0.98, CI's near 0.40: benchmarks/RESULTS.md). The bandwidth share is set between the hosts (0.30),
-#    the prefill share at the median, and the decode share at 0.55, whose worst ratio over that whole range stays
-#    inside the test's 35%, where the median missed the slowest hosts.
+# CPU's maker, because the engine's float32 `F.linear` is MKL's, and MKL runs different code on each. Every
+# session's shares: benchmarks/RESULTS.md ("The planner's Intel shares", "The planner's AMD shares").
+#  - Intel Xeons: the median of the sessions. A quiet host speeds the engine's small steps more than a copy or a big
+#    matmul, so the shares spread between quiet and busy sessions; the median sits between them.
+#  - AMD EPYCs: MKL's one-row product there is slow code, not memory, so a batch-1 step reads its weights at a small
+#    share of a copy's bytes/s while prefills run near the matmul ceiling. 16-row steps differ most between hosts.
+#    The bandwidth share is set between the hosts, the prefill share at the median, and the decode share where its
+#    worst ratio over every host measured stays inside the test's 35% (the median missed the slowest hosts).
 # A CPU of another maker gets the Intel shares. GPUs get `GPU_FRACTIONS`: what published engines reach on datasheet
 # peaks, since the course engine was not measured on one; pass fractions measured on the card when you have them.
 class Fractions(NamedTuple):

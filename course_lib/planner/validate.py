@@ -13,16 +13,16 @@ together, so predicted / measured is steadier than either; `rounds` repeats the 
 
 What no ratio survives is another program holding one of the CPU's cores: a copy or a big matmul then runs
 about half as fast, but the engine's many small multi-threaded ops wait at every barrier for the thread that is
-not running, and a decode step was measured 10-20x slower. `core_speedup` (all threads against one, on a
+not running, so a decode step slows down many times more. `core_speedup` (all threads against one, on a
 matmul) tells the two cases apart; `validate` records it before and after, and `judged` leaves every figure
 out below 1.5.
 
-Nor does one when the engine's speed does not follow the copy's. On 2-core AMD EPYCs the host's memory traffic
-moved a copy between ~30 and ~50 GB/s from one second to the next, while the reference engine's batch-1 step
-held still: MKL's one-row float32 product there runs on one thread at ~10 GB/s, limited by that core, not by the
-memory system (the same 425 MB of weights took 40 ms on one thread or two). A round measured in the fast spell
-predicts 1.5x too fast. `validate` records the spread of the copies it measured ("bandwidth_spread", fastest over
-slowest); above `STEADY_BANDWIDTH`, `judged` keeps TTFT alone (a prefill is matmuls, the copy ~10% of it).
+Nor does one when the engine's speed does not follow the copy's. On AMD EPYCs the host's memory traffic moves a
+copy's speed from one second to the next, while the reference engine's batch-1 step holds still: MKL's one-row
+float32 product there runs on one thread, limited by that core, not by the memory system. A round measured in a
+fast spell predicts too fast (benchmarks/RESULTS.md, "The planner's AMD shares"). `validate` records the spread
+of the copies it measured ("bandwidth_spread", fastest over slowest); above `STEADY_BANDWIDTH`, `judged` keeps
+TTFT alone (a prefill is matmuls, the copy ~10% of it).
 """
 from __future__ import annotations
 
@@ -139,8 +139,8 @@ def validate(llm, rounds: int = 3, **kwargs) -> pd.DataFrame:
 
 def busy_cores(*speedups: float) -> str:
     """Why a run with these `core_speedup` readings cannot be judged ("" when it can): another program held a
-    core. One reading alone can come out low by chance (a virtual core's time taken by its host for a moment:
-    1.4-1.7 now and then on an idle 2-core Zen 4), so the best reading decides."""
+    core. One reading alone can come out low by chance (a virtual core's time taken by its host for a moment, even
+    on an idle host), so the best reading decides."""
     speedup = max(speedups)
     if torch.get_num_threads() > 1 and speedup < BUSY_CORES:
         return (f"another program held a core: {torch.get_num_threads()} threads ran a matmul only {speedup:.2f}x "

@@ -5,29 +5,64 @@
     comparison_table(rows + saved["rows"])   # TTFT, ITL, TPOT and tokens/s, engines side by side
     plot_engines(rows, title=...)            # tokens/s and TTFT against users, one line per engine
 
+    exe = llama_cpp_binary("llama-server")   # llama.cpp's own server (`make bench-peers` builds it), or None
+    rows += sweep_llama_server(exe, "llama-server", parallel=16)   # started on the course's GGUF file, swept, stopped
+
 `benchmarks/serve_peers.py` starts the servers and saves a full run; a chapter runs `sweep` live on its own server.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Sequence
 
 import matplotlib.pyplot as plt
 import pandas as pd
+import torch
 from matplotlib.figure import Figure
 
+from ..host import cpu_features
+from ..loading import default_gguf_path
+from ..serve.background import SERVER_PROCESS_OPTIONS, free_port, stop_gracefully, wait_until_healthy
 from ..serve.bench import benchmark, summarize
 
 SAVED = Path(__file__).resolve().parents[2] / "benchmarks" / "serve_peers.json"
 USERS = (1, 4, 16)
+LLAMA_CPP_BUILD = Path(__file__).resolve().parents[2] / "build" / "llama.cpp"  # `make bench-peers` builds here
+LLAMA_CPP_BIN = "LLAMA_CPP_BIN"  # environment variable: a folder with llama.cpp's binaries (a release, your build)
 
 
-def llama_cpp_server_available() -> bool:
-    """Whether `python -m llama_cpp.server` can start here: llama-cpp-python with its [server] extras."""
-    return all(importlib.util.find_spec(m) is not None
-               for m in ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings"))
+def llama_cpp_binary(name: str) -> Path | None:
+    """llama.cpp's program `name` ("llama-server", "llama-bench"): in the folder $LLAMA_CPP_BIN names, else in
+    `make bench-peers`'s build, else on PATH; None when none has it."""
+    exe = name + ".exe" if os.name == "nt" else name
+    folders = [Path(os.environ[LLAMA_CPP_BIN])] if os.environ.get(LLAMA_CPP_BIN) else []
+    folders += [LLAMA_CPP_BUILD / "cmake" / "bin", LLAMA_CPP_BUILD / "cmake" / "bin" / "Release"]  # Release: MSVC
+    for path in (folder / exe for folder in folders):
+        if path.is_file():
+            return path
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
+def llama_server_command(exe: Path | str, port: int, parallel: int, threads: int | None = None,
+                         model: Path | str | None = None, ctx_size: int = 8192) -> list[str]:
+    """The command line of llama.cpp's `llama-server` on `model` (default: the course's GGUF file).
+
+    `parallel` slots decode together, new requests joining between steps (continuous batching), and share
+    `ctx_size` tokens of KV cache; `threads` (default: torch's, as the course's server gets) decode and prefill.
+    `--port` is always passed, since llama-server's default port is changing. Only warnings and errors are
+    logged, so a pipe that nobody reads never fills. On CPUs with AMX, weight repacking is off: llama.cpp's AMX
+    repack of Q4_1 crashed on multi-token batches (llama.cpp issue #20824), and a server's prompts are such batches.
+    """
+    threads = threads or torch.get_num_threads()
+    command = [str(exe), "--model", str(model or default_gguf_path()), "--host", "127.0.0.1", "--port", str(port),
+               "--parallel", str(parallel), "--ctx-size", str(ctx_size), "--threads", str(threads),
+               "--threads-batch", str(threads), "--no-webui", "--log-verbosity", "2"]
+    return command + (["--no-repack"] if "amx_int8" in cpu_features().split() else [])
 
 
 def sweep(base_url: str, engine: str, users: Sequence[int] = USERS, requests_per_user: int = 1,
@@ -47,8 +82,24 @@ def sweep(base_url: str, engine: str, users: Sequence[int] = USERS, requests_per
             for r in records:
                 r.output_tokens = r.output_tokens or len(r.chunk_times)
             summary = summarize(records, summary["duration"])
-        rows.append({"engine": engine, "users": n, **summary})
+        errors = sorted({r.error for r in records if r.error})  # why requests failed, kept with the run
+        rows.append({"engine": engine, "users": n, **summary, **({"errors": errors} if errors else {})})
     return rows
+
+
+def sweep_llama_server(exe: Path | str, engine: str, parallel: int, threads: int | None = None,
+                       **sweep_args) -> list[dict]:
+    """Start `llama-server` (`llama_server_command`: the course's GGUF file, `parallel` slots) on a free port,
+    `sweep` it (`sweep_args`), stop it; its rows, named `engine`."""
+    port = free_port()
+    server = subprocess.Popen(llama_server_command(exe, port, parallel, threads), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, **SERVER_PROCESS_OPTIONS)
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", server, timeout=600)
+        return sweep(f"http://127.0.0.1:{port}", engine, **sweep_args)
+    finally:
+        stop_gracefully(server)
+        server.wait(timeout=60)
 
 
 def load_saved(path: Path | str = SAVED) -> dict | None:
