@@ -164,7 +164,7 @@ def test_w4a8_rows_are_measured_once_and_remeasured_only_when_quiet(ops, monkeyp
     monkeypatch.setattr(build_module, "build_directory", lambda: tmp_path)
     calls, load = [], [3.0]
     monkeypatch.setattr(plan_module, "measure_w4a8_rows", lambda ops: calls.append(1) or 8)
-    monkeypatch.setattr(plan_module, "busy_cores", lambda: load[0])
+    monkeypatch.setattr(plan_module, "load_per_core", lambda: load[0])
     problems = []
     assert plan_module.w4a8_rows(ops, problems) == 8 and plan_module.w4a8_rows(ops, problems) == 8
     assert len(calls) == 1 and "busy" in problems[0]  # under load: kept, said so, not measured again while busy

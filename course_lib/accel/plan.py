@@ -123,8 +123,8 @@ def plan_for(device: torch.device | str | None = None, dtype: torch.dtype | str 
         problems.append(f"panels for {dtype_name(dtype)}: oneDNN was as fast at one row, measured here")
     w4a8 = w4a8_rows(ops, problems) if ops is not None and torch.backends.mkldnn.is_available() else 0
     return Plan("cpu", dtype, fused_ops=ops is not None, packed_linears=packed,
-                panel_rows=rows, w4a8_rows=w4a8, w4a8_path=ops.w4a8_paths()[-1] if w4a8 else "", attention="cpp" if ops is not None else "torch",
-                compile_decode=compile_decode, problems=tuple(problems))
+                panel_rows=rows, w4a8_rows=w4a8, w4a8_path=ops.w4a8_paths()[-1] if w4a8 else "",
+                attention="cpp" if ops is not None else "torch", compile_decode=compile_decode, problems=tuple(problems))
 
 
 def panel_rows(ops, dtype: torch.dtype) -> int:
@@ -133,17 +133,22 @@ def panel_rows(ops, dtype: torch.dtype) -> int:
 
     path = build_directory() / "panel_rows.json"
     key = f"{dtype_name(dtype)}, torch {torch.__version__}, {torch.get_num_threads()} threads"
-    try:
-        known = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        known = {}
+    known = _read_json(path)
     if key not in known:
         known[key] = measure_panel_rows(ops, dtype)
         path.write_text(json.dumps(known, indent=1), encoding="utf-8")
     return known[key]
 
 
-def busy_cores() -> float:
+def _read_json(path) -> dict:
+    """What a file of measurements beside the build holds ({} if none or unreadable: measure again)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def load_per_core() -> float:
     """The 1-minute load average per core (0 where the OS does not say): above 1, other work shares the cores and
     a timing taken now says more about it than about the kernels."""
     try:
@@ -154,16 +159,13 @@ def busy_cores() -> float:
 
 def w4a8_rows(ops, problems: list[str]) -> int:
     """Up to how many rows the W4A8 kernel beats PyTorch's INT4 op here: measured once per machine, then read back;
-    measured again when a figure taken on a busy machine (`busy_cores` > 1) can be replaced by one on a quiet one."""
+    measured again when a figure taken on a busy machine (`load_per_core` > 1) can be replaced by one on a quiet one."""
     from .build import build_directory
 
     path = build_directory() / "w4a8_rows.json"
     key = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
-    try:
-        known = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        known = {}
-    busy = busy_cores()
+    known = _read_json(path)
+    busy = load_per_core()
     if key not in known or (known[key]["busy"] > 1 and busy <= 1):
         known[key] = {"rows": measure_w4a8_rows(ops), "busy": round(busy, 2)}
         path.write_text(json.dumps(known, indent=1), encoding="utf-8")

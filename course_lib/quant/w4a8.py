@@ -81,7 +81,7 @@ def w4a8_linear(x: torch.Tensor, codes: torch.Tensor, dw: torch.Tensor, mw: torc
     scale = dw[None] * dx[:, None, :]  # [rows, out, blocks]: dw * dx
     weighted = isum * scale  # [rows, out, blocks]
     offset = mw[None] * sx[:, None, :]  # [rows, out, blocks]: the minimum times the block's sum
-    acc = torch.zeros(x2.shape[0], codes.shape[0])  # [rows, out]
+    acc = torch.zeros(x2.shape[0], codes.shape[0], device=x.device)  # [rows, out]
     for b in range(isum.shape[-1]):  # block by block, as the kernel sums
         acc = (acc + weighted[..., b]) + offset[..., b]
     return acc.view(*x.shape[:-1], codes.shape[0])
