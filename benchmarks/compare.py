@@ -19,7 +19,12 @@ reference) can be added to see what `course_lib.accel` gains. Each runs steps of
 `generate` is timed twice (`first_generate_ratio`: the first call over the second), because one-time costs paid on
 the first call (lazy allocations, kernels' first use) are hidden by the warm-up round of the figures below.
 Peers: `transformers` `generate` in float32 and bfloat16 on the same device; llama.cpp through
-`llama-cpp-python` on the very same Q4_1 GGUF file, when installed (`make bench-peers`). INT8 and INT4
+`llama-cpp-python` on the very same Q4_1 GGUF file, when installed (`make bench-peers`); and llama.cpp's own
+`llama-bench` (tg64, pp512, `-t` = the engine's threads, same file), run before and after the engine's INT4 rows,
+where the binary is found ($LLAMA_CPP_BIN's folder, `make bench-peers`' build, or PATH).
+Floors against the roofline, printed at the end: batch-1 decode bytes/s (tokens/s x bytes a step reads) as a
+fraction of the measured copy bandwidth, at least `DECODE_FLOORS`; batches of 64 as a fraction of the measured
+matmul FLOP/s. INT8 and INT4
 rows keep everything that is not a quantized linear layer in bfloat16.
 All systems of one precision are loaded at once and take turns: each round runs every one of them once
 (`rounds`), so a machine whose speed drifts slows them alike. Figures are medians of the rounds after a
@@ -34,8 +39,11 @@ import gc
 import importlib.util
 import json
 import math
+import os
 import platform
+import shutil
 import statistics
+import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -50,6 +58,11 @@ from course_lib.profiling.roofline import Ceilings, measure_bandwidth, measure_m
 from course_lib.profiling.loadtest import synthetic_prompt_ids
 from course_lib.profiling.memory import weight_bytes
 from course_lib.profiling.timer import synchronize
+
+
+# Batch-1 decode: bytes/s a step reads, as a fraction of the measured copy bandwidth, that accel=True must reach
+# (issue 60): float32 0.7; bfloat16 0.6 also without bfloat16 arithmetic (widening it to float32 is a shift); INT4 0.6.
+DECODE_FLOORS = {"float32": 0.7, "bfloat16": 0.6, "int4": 0.6}
 
 
 @dataclass
@@ -307,10 +320,15 @@ def measure_systems(systems: list, precision: str, work: Workload, tok, config, 
         for kind in work.output_kinds:
             lengths = output_lengths(c, kind, work.uniform_output)
             measured = rounds(batching, lambda s: timed(s.batch, prompts, lengths), work.repeats)
+            # the matmuls of the whole run: each request is one causal pass over its prompt and output
+            batch_flops = sum(sum(step_flops(config, new_tokens=len(p) + n - 1, logits_tokens=n).values())
+                              for p, n in zip(prompts, lengths))
             for name, times in measured.items():
                 sec = statistics.median(times)
+                roof = {} if ceilings is None else {"TFLOP/s": batch_flops / sec / 1e12,
+                                                    "of_peak": batch_flops / sec / ceilings.peak_flops}
                 results.append(Result(name, label[name], f"throughput_{c}_{kind}", sum(lengths) / sec, "tok/s", {
-                    "seconds": sec, "output_tokens": sum(lengths), "spread": [min(times), max(times)]}))
+                    **roof, "seconds": sec, "output_tokens": sum(lengths), "spread": [min(times), max(times)]}))
     return results
 
 
@@ -347,6 +365,59 @@ def print_table(results: list[Result]) -> None:
         print(f"{m:<26}" + "".join(cells))
 
 
+def print_floors(results: list[Result]) -> None:
+    """The engines' roofline fractions: batch-1 decode against `DECODE_FLOORS`, batches of 64 against the matmul peak."""
+    print("\nroofline fractions (engine rows; batch-1 decode: bytes/s over copy bandwidth, floor from issue 60)")
+    for r in results:
+        if not r.system.startswith("engine") or "of_bandwidth" not in r.extra and "of_peak" not in r.extra:
+            continue
+        if r.metric == "decode_tok_s":
+            floor = DECODE_FLOORS.get(r.precision)
+            verdict = "" if floor is None else f"  floor {floor:.2f}: {'meets' if r.extra['of_bandwidth'] >= floor else 'BELOW'}"
+            print(f"  {r.system:<16} {r.precision:<9} batch-1 decode {r.extra['of_bandwidth']:.2f} of copy bandwidth "
+                  f"({r.extra['GB/s']:.1f} GB/s){verdict}")
+        elif r.metric.startswith("throughput_64"):
+            print(f"  {r.system:<16} {r.precision:<9} {r.metric:<26} {r.extra['of_peak']:.2f} of matmul peak "
+                  f"({r.extra['TFLOP/s'] * 1e3:.0f} GFLOP/s)")
+
+
+def llama_bench_binary() -> str | None:
+    """llama.cpp's `llama-bench`: benchmarks.peers' finder where it exists, else the folder $LLAMA_CPP_BIN names,
+    else PATH; None when absent."""
+    try:
+        from benchmarks.peers import binary  # make bench-peers' build and finder
+    except ImportError:
+        folder = os.environ.get("LLAMA_CPP_BIN")
+        found = shutil.which("llama-bench", path=folder) if folder else None
+        return found or shutil.which("llama-bench")
+    found = binary("llama-bench")
+    return None if found is None else str(found)
+
+
+def llama_bench(binary: str, threads: int, repetitions: int = 3) -> dict[str, float]:
+    """llama-bench on the default GGUF file with `threads` threads: {"tg64": tok/s, "pp512": tok/s}, means of
+    `repetitions` runs each."""
+    run = subprocess.run([binary, "-m", str(default_gguf_path()), "-t", str(threads), "-p", "512", "-n", "64",
+                          "-r", str(repetitions), "-o", "json"], capture_output=True, text=True, check=True)
+    rows = json.loads(run.stdout)
+    return {("pp512" if r["n_prompt"] else "tg64"): float(r["avg_ts"]) for r in rows}
+
+
+def print_llama_bench(before: dict[str, float], after: dict[str, float], results: list[Result]) -> None:
+    """llama-bench before and after the engine's INT4 rows, and the engine over their mean."""
+    by = {(r.system, r.metric): r for r in results if r.precision == "int4"}
+    print("llama-bench (same GGUF, same threads), before / after the engine's INT4 rows:")
+    for test, metric in (("tg64", "decode_tok_s"), ("pp512", "ttft_512_s")):
+        mean = (before[test] + after[test]) / 2
+        line = f"  {test:<6} {before[test]:.1f} / {after[test]:.1f} tok/s"
+        for engine in ENGINES:
+            r = by.get((engine, metric))
+            if r is not None:
+                mine = r.value if metric == "decode_tok_s" else 512 / r.value
+                line += f"; {engine} int4 {mine:.1f} tok/s = {mine / mean:.2f}x"
+        print(line)
+
+
 def ratios(results: list[Result]) -> list[dict]:
     """Engine / peer for every metric both measured (for TTFT: peer time / engine time)."""
     by = {(r.system, r.precision, r.metric): r for r in results}
@@ -374,6 +445,7 @@ def main() -> None:
                     help=f"comma-separated engine variants to run, of: {', '.join(ENGINES)} (\"engine\" is the "
                          f"pure-PyTorch reference; default: {DEFAULT_ENGINES})")
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--llama-bench-repetitions", type=int, default=3, help="llama-bench -r (default 3)")
     ap.add_argument("--json", default=None, help="write every result and ratio to this file")
     args = ap.parse_args()
     quiet_libraries()
@@ -401,8 +473,15 @@ def main() -> None:
     peer = importlib.util.find_spec("llama_cpp") is not None and device.type == "cpu"
     if not peer:
         print("llama.cpp: not installed (make bench-peers), left out")
+    bench = llama_bench_binary() if "int4" in precisions and device.type == "cpu" else None
+    if "int4" in precisions and bench is None:
+        print("llama-bench: not found (make bench-peers, or $LLAMA_CPP_BIN), its rows left out")
+    benched = {}
     for precision in precisions:  # every system of one precision loaded at once, measured taking turns
         fdtype = _float_dtype(precision)
+        if precision == "int4" and bench is not None:
+            benched["before"] = llama_bench(bench, torch.get_num_threads(), args.llama_bench_repetitions)
+            print(f"llama-bench before the INT4 rows: {benched['before']}", flush=True)
         quant = precision if precision in ("int8", "int4") else None
         systems, first_calls = [], []
         for variant in variants:
@@ -428,12 +507,16 @@ def main() -> None:
             r.extra["compile_seconds"] = getattr(by_name[r.system], "compile_seconds", 0.0)
         results += measured
         print_table(measured)  # each precision as it finishes: a full run takes ~40 minutes on 2 cores
+        if precision == "int4" and bench is not None:
+            benched["after"] = llama_bench(bench, torch.get_num_threads(), args.llama_bench_repetitions)
+            print_llama_bench(benched["before"], benched["after"], measured)
         print(flush=True)
         del systems, engine, by_name
         gc.collect()
 
     print()
     print_table(results)
+    print_floors(results)
     rows = ratios(results)
     print("\nengine / peer (above 1: the engine is ahead)")
     for r in rows:
@@ -442,7 +525,8 @@ def main() -> None:
         info = {"device": str(device), "processor": processor_name(device), "threads": torch.get_num_threads(),
                 "torch": torch.__version__, "python": platform.python_version(), "workload": asdict(work),
                 "engine_max_num_batched_tokens": OFFLINE_BATCHED_TOKENS,
-                "ceilings": {str(k): asdict(v) for k, v in ceilings.items()}}
+                "ceilings": {str(k): asdict(v) for k, v in ceilings.items()}, "llama_bench": benched,
+                "decode_floors": DECODE_FLOORS}
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"info": info, "results": [asdict(r) for r in results], "ratios": rows}, f, indent=1)
         print(f"wrote {args.json}")

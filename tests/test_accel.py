@@ -124,7 +124,7 @@ def test_a_plan_is_applied_part_by_part(tokenizer, tiny):
     """Every part can be turned off on its own: the reference plan leaves the model as it was."""
     model = tiny().float()
     plan = dataclasses.replace(plan_for("cpu", torch.float32), fused_blocks=False, fused_ops=False, panel_rows=0,
-                               attention="torch", packed_linears=False)
+                               attention="torch", packed_linears=False, w4a8_rows=0)
     assert not plan.needs_kernels
     llm = LLM.from_model(model, tokenizer, accel=plan)
     assert type(llm.model.layers[0].self_attn).__name__ == "Attention" and llm.accel.ops is None

@@ -7,6 +7,7 @@ the chapters read. Everything here exists only to run the same numbers faster on
     build.py           builds `csrc/` (C++: fused_ops, linear, attention, module) once per machine
     fused_model.py     the fused twin of the model: q/k/v and gate/up as one matmul each, one-pass elementwise ops
     fused_ops.py       RMSNorm, residual add, RoPE and SiLU*up through the C++ kernels
+    w4a8.py            INT4 layers through the W4A8 kernel: Q4_1 weights times int8 activations, integer dots
     linear.py          `PackedLinear`: a weight packed once for oneDNN, and as panels for the rows of a decode step
     attention.py       `PagedAttention` with the C++ (CPU) or Triton (CUDA) kernel
     triton_paged.py    the Triton decode-attention kernel, long contexts split across programs (flash-decoding)
@@ -56,6 +57,10 @@ class Accelerator:
         accel = cls(plan, max_num_seqs, max_model_len)
         if plan.fused_blocks:
             fuse_model(model, accel.ops if plan.fused_ops else None)
+        if quantization == "int4" and group_size == 32 and plan.w4a8_rows and model.device.type == "cpu":
+            from .w4a8 import use_w4a8  # before quantize_model: the W4A8 layers read the float weights
+
+            use_w4a8(model, accel.ops, plan.w4a8_rows)
         if quantization is not None:
             quantize_model(model, quantization, group_size=group_size)
         if plan.packed_linears and model.device.type == "cpu":

@@ -26,9 +26,10 @@ def main() -> None:
         if built.module is None:
             print(f"course_lib.accel: C++ kernels not built ({built.problem}); accel=True will use PyTorch for them")
             return
-        rows = {dtype: plan_for("cpu", dtype).panel_rows for dtype in ("float32", "bfloat16")}
+        plans = {dtype: plan_for("cpu", dtype) for dtype in ("float32", "bfloat16")}
         print(f"course_lib.accel: C++ kernels built in {build_directory()}; panels up to "
-              + ", ".join(f"{n} rows in {dtype}" for dtype, n in rows.items()))
+              + ", ".join(f"{plan.panel_rows} rows in {dtype}" for dtype, plan in plans.items())
+              + f"; W4A8 INT4 kernel up to {plans['bfloat16'].w4a8_rows} rows")
         return
     for dtype in [args.dtype] if args.dtype else ["float32", "bfloat16"]:
         plan = plan_for(args.device, dtype, compile_decode=args.compile_decode)

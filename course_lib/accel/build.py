@@ -112,6 +112,7 @@ def _register_fakes() -> None:
     fake("course_lib::onednn_linear")(lambda x, handle, out_features, panels=None, panel_rows=0:
                                       x.new_empty((x.shape[0], out_features)))
     fake("course_lib::int8_linear")(lambda x, codes, scales, many_rows: x.new_empty((x.shape[0], codes.shape[0])))
+    fake("course_lib::w4a8_linear")(lambda x, packed, out_features, isa="": x.new_empty((x.shape[0], out_features)))
     fake("course_lib::paged_decode_attention")(lambda q, *args, **kwargs: q.new_empty(q.shape))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import platform
 import statistics
 import time
@@ -21,6 +22,7 @@ from ..chapter import processor_name
 from ..dtypes import dtype_name, onednn_has_kernels, resolve_device_dtype, resolve_dtype
 
 PANEL_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # the row counts `measure_panel_rows` tries, in order
+W4A8_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the row counts `measure_w4a8_rows` tries, in order
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in): the default model's fused layer
 
 
@@ -35,6 +37,8 @@ class Plan:
     fused_ops: bool = False  # RMSNorm, residual add, RoPE, SiLU*up in one C++ pass each (eager CPU steps)
     packed_linears: bool = False  # every plain linear layer's weight packed once by oneDNN (CPU)
     panel_rows: int = 0  # and steps of 1 to panel_rows rows through panels (C++)
+    w4a8_rows: int = 0  # INT4 layers (groups of 32): steps of 1 to w4a8_rows rows through the W4A8 kernel (C++)
+    w4a8_path: str = ""  # its widest instruction-set path here ("avx512vnni", "avxvnni", "avx2", "scalar")
     attention: str = "torch"  # "cpp": every query row through the C++ kernel; "triton": decode rows (CUDA)
     compile_decode: bool = False  # decode steps through one torch.compile'd graph (`compiled_decode.py`)
     cuda_graphs: bool = False  # decode steps replayed as CUDA graphs, one per batch-size bucket (`cuda_graphs.py`)
@@ -43,7 +47,7 @@ class Plan:
     @property
     def needs_kernels(self) -> bool:
         """Whether the plan calls the C++ extension (which `plan_for` has built by then)."""
-        return self.fused_ops or self.panel_rows > 0 or self.attention == "cpp"
+        return self.fused_ops or self.panel_rows > 0 or self.w4a8_rows > 0 or self.attention == "cpp"
 
     def describe(self) -> str:
         """The plan as a table: which kernel serves which part of the model, for which row counts."""
@@ -69,6 +73,8 @@ class Plan:
                         f"torch {torch.__version__}, {self.device} {dtype}"),
             ("q/k/v, gate/up", "one matmul each (fused blocks)" if self.fused_blocks else "separate (reference)"),
             ("linear layers", linear + ("; quantized layers keep their own kernels" if self.packed_linears else "")),
+            ("INT4 layers (g32)", f"1-{self.w4a8_rows} rows: W4A8 kernel, int8 activations ({self.w4a8_path}); "
+                                  "more: PyTorch's INT4 op" if self.w4a8_rows else "PyTorch's INT4 op (bfloat16 activations)"),
             ("RMSNorm, RoPE, SiLU", "C++, one pass each (eager steps)" if self.fused_ops else "PyTorch"),
             ("attention", attention),
             ("decode step", decode),
@@ -115,9 +121,10 @@ def plan_for(device: torch.device | str | None = None, dtype: torch.dtype | str 
     rows = panel_rows(ops, dtype) if packed and width else 0
     if packed and width and not rows:
         problems.append(f"panels for {dtype_name(dtype)}: oneDNN was as fast at one row, measured here")
+    w4a8 = w4a8_rows(ops, problems) if ops is not None and torch.backends.mkldnn.is_available() else 0
     return Plan("cpu", dtype, fused_ops=ops is not None, packed_linears=packed,
-                panel_rows=rows, attention="cpp" if ops is not None else "torch",
-                compile_decode=compile_decode, problems=tuple(problems))
+                panel_rows=rows, w4a8_rows=w4a8, w4a8_path=ops.w4a8_paths()[-1] if w4a8 else "",
+                attention="cpp" if ops is not None else "torch", compile_decode=compile_decode, problems=tuple(problems))
 
 
 def panel_rows(ops, dtype: torch.dtype) -> int:
@@ -126,14 +133,78 @@ def panel_rows(ops, dtype: torch.dtype) -> int:
 
     path = build_directory() / "panel_rows.json"
     key = f"{dtype_name(dtype)}, torch {torch.__version__}, {torch.get_num_threads()} threads"
-    try:
-        known = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        known = {}
+    known = _read_json(path)
     if key not in known:
         known[key] = measure_panel_rows(ops, dtype)
         path.write_text(json.dumps(known, indent=1), encoding="utf-8")
     return known[key]
+
+
+def _read_json(path) -> dict:
+    """What a file of measurements beside the build holds ({} if none or unreadable: measure again)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def load_per_core() -> float:
+    """The 1-minute load average per core (0 where the OS does not say): above 1, other work shares the cores and
+    a timing taken now says more about it than about the kernels."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def w4a8_rows(ops, problems: list[str]) -> int:
+    """Up to how many rows the W4A8 kernel beats PyTorch's INT4 op here: measured once per machine, then read back;
+    measured again when a figure taken on a busy machine (`load_per_core` > 1) can be replaced by one on a quiet one."""
+    from .build import build_directory
+
+    path = build_directory() / "w4a8_rows.json"
+    key = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    known = _read_json(path)
+    busy = load_per_core()
+    if key not in known or (known[key]["busy"] > 1 and busy <= 1):
+        known[key] = {"rows": measure_w4a8_rows(ops), "busy": round(busy, 2)}
+        path.write_text(json.dumps(known, indent=1), encoding="utf-8")
+    if known[key]["busy"] > 1:
+        problems.append(f"W4A8 rows ({known[key]['rows']}) measured on a busy machine ({known[key]['busy']:.1f} "
+                        "runnable tasks a core): measured again once it is quiet")
+    return known[key]["rows"]
+
+
+@torch.inference_mode()
+def measure_w4a8_rows(ops, megabytes: int = 48, rounds: int = 3) -> int:
+    """The largest row count of `W4A8_ROWS` up to which the W4A8 kernel multiplies the default model's layer shapes
+    (`megabytes` of INT4 weights, more than the caches hold, at few rows) at least as fast as PyTorch's INT4 op
+    (bfloat16 x), the two taking turns; 0 if not at one row. Seconds."""
+    from ..quant.linear import cpu_backend_problem
+    from .w4a8 import W4A8PackedLinear
+
+    if cpu_backend_problem("int4", 576, 576, 32):  # nothing to compare with: the kernel serves every decode row
+        return W4A8_ROWS[-1]
+    per_layer = sum(n * k for n, k in LAYER_SHAPES) * 5 // 8  # Q4_1: 5 bits a weight
+    generator = torch.Generator().manual_seed(0)
+    layers = [W4A8PackedLinear(torch.nn.Linear(k, n, bias=False), ops, W4A8_ROWS[-1])
+              for n, k in LAYER_SHAPES * max(1, megabytes * 2**20 // per_layer)]
+    best = 0
+    for rows in W4A8_ROWS:
+        used = layers[:len(LAYER_SHAPES) * (1 if rows >= 64 else len(layers))]  # compute-bound: a few layers
+        xs = {k: torch.randn(rows, k, generator=generator).to(torch.bfloat16) for _, k in LAYER_SHAPES}
+        times = {"int4 op": [], "w4a8": []}
+        for r in range(rounds + 1):  # a warm-up round, then the two take turns
+            for name in times:
+                t = time.perf_counter()
+                for layer in used:
+                    (layer.fallback if name == "int4 op" else layer)(xs[layer.in_features])
+                if r:
+                    times[name].append(time.perf_counter() - t)
+        if statistics.median(times["int4 op"]) < statistics.median(times["w4a8"]):
+            break
+        best = rows
+    return best
 
 
 @torch.inference_mode()

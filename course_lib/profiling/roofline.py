@@ -189,7 +189,8 @@ def prefill_tokens_for_intensity(model: torch.nn.Module, intensity: float, start
 def weights_read(model: torch.nn.Module) -> int:
     """Bytes of weights a step reads: all of them, less the input embedding table (only rows are gathered)
     unless the lm_head multiplies by that very table (tied, not packed into a copy of its own), and less
-    the panels a layer of `course_lib.accel` holds beside its packed weight (a step reads one of the two)."""
+    the panels a layer of `course_lib.accel` holds beside its packed weight (a step reads one of the two), and
+    less the INT4 layer a W4A8 layer keeps for long prefills (a decode step reads its packed blocks only)."""
     total = weight_bytes(model)
     emb = model.embed_tokens.weight
     head = model.lm_head
@@ -199,4 +200,7 @@ def weights_read(model: torch.nn.Module) -> int:
         panels = getattr(m, "panels", None)
         if isinstance(panels, torch.Tensor):
             total -= panels.numel() * panels.element_size()
+        fallback = getattr(m, "fallback", None)
+        if isinstance(getattr(m, "packed", None), torch.Tensor) and isinstance(fallback, torch.nn.Module):
+            total -= sum(t.numel() * t.element_size() for name, t in fallback.named_buffers() if name != "bias")
     return total

@@ -245,3 +245,321 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
 }
 
 }  // namespace course_lib
+
+// ---------------------------------------------------------------------------------------------------------------
+// W4A8: Q4_1 weights (4-bit codes, a float16 step and minimum per 32 inputs) times activations quantized per row
+// in blocks of 32 to int8 (a float step and the block's sum, as llama.cpp's Q8_1), multiplied as integers.
+// course_lib/quant/w4a8.py is the same arithmetic in PyTorch, and fixes the order of the float operations:
+//
+//   for b = 0, 1, ...:  acc = (acc + float(isum_b) * (dw_b * dx_b)) + mw_b * sx_b     each op rounded on its own
+//
+// so every path below gives the same bits as the reference (tests/test_w4a8.py). This part of the file is compiled
+// without -ffast-math and without contracting a multiply and an add into one FMA, which would change the bits.
+//
+// Packed weight (accel/w4a8.py, pack_w4a8), uint8 [N/16 panels, blocks, 320]: for each panel of 16 outputs and
+// each block of 32 inputs, four 64-byte chunks of codes, then 16 float16 steps dw, then 16 float16 minimums mw.
+// Chunk j holds, for output o and t = 0..3, byte 4o + t = c[o][8j + t] | c[o][8j + 4 + t] << 4: the low nibbles of
+// a 32-bit lane are 4 consecutive codes of one output, so one vpdpbusd multiplies them by 4 broadcast int8
+// activations and adds into that output's int32 sum; 16 outputs (AVX-512) or 8 (256-bit) at once.
+// Paths, the widest this CPU runs chosen at run time, narrower ones on request (COURSE_LIB_W4A8_ISA or `isa`):
+//   avx512vnni  512-bit vpdpbusd           avxvnni  256-bit vpdpbusd (AVX-VNNI, or AVX512-VNNI with VL)
+//   avx2        vpmaddubsw + vpmaddwd      scalar   portable C++
+// ---------------------------------------------------------------------------------------------------------------
+#pragma GCC push_options
+#pragma GCC optimize("no-fast-math", "fp-contract=off")
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+namespace course_lib {
+namespace {
+
+constexpr int64_t kQBlock = 32, kQPanel = 16, kQCodeBytes = 256, kQBlockBytes = 320;
+enum Isa : int { kScalar = 0, kAvx2 = 1, kAvxVnni = 2, kAvx512Vnni = 3 };
+const char* const kIsaNames[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
+
+bool isa_compiled(int isa) {
+  switch (isa) {
+    case kScalar: return true;
+#if defined(__AVX2__)
+    case kAvx2: return __builtin_cpu_supports("avx2");
+#endif
+#if defined(__AVXVNNI__)
+    case kAvxVnni: return __builtin_cpu_supports("avxvnni");
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    case kAvxVnni: return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    case kAvx512Vnni: return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+#endif
+    default: return false;
+  }
+}
+
+// One row of x [K] (float or bfloat16) -> q [Kp] int8, dx and sx [B] float, Kp = 32 B >= K (zeros past K).
+template <typename T>
+void quantize_row(const T* x, int64_t K, int64_t B, int8_t* q, float* dx, float* sx) {
+  for (int64_t b = 0; b < B; ++b) {
+    float v[kQBlock];
+    for (int64_t i = 0; i < kQBlock; ++i) v[i] = b * kQBlock + i < K ? static_cast<float>(x[b * kQBlock + i]) : 0.f;
+    float amax = 0.f;
+    for (int64_t i = 0; i < kQBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float d = amax / 127.f, inverse = d == 0.f ? 0.f : 1.f / d;
+    int32_t sum = 0;
+    for (int64_t i = 0; i < kQBlock; ++i) {
+      const float r = std::min(127.f, std::max(-127.f, std::nearbyint(v[i] * inverse)));  // half to even
+      q[b * kQBlock + i] = static_cast<int8_t>(r);
+      sum += static_cast<int32_t>(r);
+    }
+    dx[b] = d;
+    sx[b] = d * static_cast<float>(sum);
+  }
+}
+
+// What one call of a panel kernel reads: R rows of quantized x and one panel's blocks; writes out [R][16] floats.
+struct PanelArgs {
+  const int8_t* q;   // [rows, Kp]
+  const float* dx;   // [rows, B]
+  const float* sx;   // [rows, B]
+  int64_t Kp, B;
+  const uint8_t* w;  // [B, 320]
+  float* out;        // [R, 16]
+};
+
+template <int R>
+void panel_scalar(const PanelArgs& a) {
+  for (int r = 0; r < R; ++r) {
+    const int8_t* q = a.q + r * a.Kp;
+    for (int o = 0; o < kQPanel; ++o) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < a.B; ++b) {
+        const uint8_t* blk = a.w + b * kQBlockBytes;
+        int32_t isum = 0;
+        for (int j = 0; j < 4; ++j)
+          for (int t = 0; t < 4; ++t) {
+            const uint8_t byte = blk[64 * j + 4 * o + t];
+            isum += (byte & 0x0F) * q[b * kQBlock + 8 * j + t] + (byte >> 4) * q[b * kQBlock + 8 * j + 4 + t];
+          }
+        const float dw = static_cast<float>(reinterpret_cast<const c10::Half*>(blk + kQCodeBytes)[o]);
+        const float mw = static_cast<float>(reinterpret_cast<const c10::Half*>(blk + kQCodeBytes + 32)[o]);
+        const float scale = dw * a.dx[r * a.B + b], weighted = static_cast<float>(isum) * scale;
+        const float offset = mw * a.sx[r * a.B + b];
+        acc = (acc + weighted) + offset;
+      }
+      a.out[r * kQPanel + o] = acc;
+    }
+  }
+}
+
+inline int32_t four_bytes(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+template <int R>
+void panel_avx512vnni(const PanelArgs& a) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < a.B; ++b) {
+    const uint8_t* blk = a.w + b * kQBlockBytes;
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(blk + 64 * j);
+      const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = a.q + r * a.Kp + b * kQBlock + 8 * j;
+        isum[r] = _mm512_dpbusd_epi32(isum[r], lo, _mm512_set1_epi32(four_bytes(q)));
+        isum[r] = _mm512_dpbusd_epi32(isum[r], hi, _mm512_set1_epi32(four_bytes(q + 4)));
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQCodeBytes)));
+    const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQCodeBytes + 32)));
+    for (int r = 0; r < R; ++r) {
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.dx[r * a.B + b]));
+      const __m512 weighted = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), scale);
+      const __m512 offset = _mm512_mul_ps(mw, _mm512_set1_ps(a.sx[r * a.B + b]));
+      acc[r] = _mm512_add_ps(_mm512_add_ps(acc[r], weighted), offset);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * kQPanel, acc[r]);
+}
+#endif
+
+#if defined(__AVX2__)
+// 256-bit paths: outputs 0-7 from the first 32 bytes of a chunk, 8-15 from the second. Dot: 4 u8*s8 products
+// summed into each int32 lane of `sum`, by vpdpbusd or by vpmaddubsw (pairs into int16: at most 2 * 15 * 127,
+// never saturating) then vpmaddwd by ones.
+struct DotAvx2 {
+  static __m256i dot(__m256i sum, __m256i w, __m256i x) {
+    return _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+  }
+};
+#if defined(__AVXVNNI__)
+struct DotVnni256 {
+  static __m256i dot(__m256i sum, __m256i w, __m256i x) { return _mm256_dpbusd_avx_epi32(sum, w, x); }
+};
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+struct DotVnni256 {
+  static __m256i dot(__m256i sum, __m256i w, __m256i x) { return _mm256_dpbusd_epi32(sum, w, x); }
+};
+#endif
+
+template <typename Dot, int R>
+void panel_256(const PanelArgs& a) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t b = 0; b < a.B; ++b) {
+    const uint8_t* blk = a.w + b * kQBlockBytes;
+    __m256i isum[R][2];
+    for (int r = 0; r < R; ++r) isum[r][0] = isum[r][1] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * j + 32 * h));
+        const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* q = a.q + r * a.Kp + b * kQBlock + 8 * j;
+          isum[r][h] = Dot::dot(isum[r][h], lo, _mm256_set1_epi32(four_bytes(q)));
+          isum[r][h] = Dot::dot(isum[r][h], hi, _mm256_set1_epi32(four_bytes(q + 4)));
+        }
+      }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQCodeBytes + 16 * h)));
+      const __m256 mw =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQCodeBytes + 32 + 16 * h)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.dx[r * a.B + b]));
+        const __m256 weighted = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r][h]), scale);
+        const __m256 offset = _mm256_mul_ps(mw, _mm256_set1_ps(a.sx[r * a.B + b]));
+        acc[r][h] = _mm256_add_ps(_mm256_add_ps(acc[r][h], weighted), offset);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(a.out + r * kQPanel + 8 * h, acc[r][h]);
+}
+#endif
+
+using PanelKernel = void (*)(const PanelArgs&);
+constexpr int kQRows = 4;  // rows of x a kernel call serves: the panel's codes are unpacked once for all of them
+
+template <template <int> class K>
+struct Table {
+  static constexpr PanelKernel rows[kQRows] = {&K<1>::run, &K<2>::run, &K<3>::run, &K<4>::run};
+};
+template <int R> struct Scalar { static void run(const PanelArgs& a) { panel_scalar<R>(a); } };
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+template <int R> struct Avx512Vnni { static void run(const PanelArgs& a) { panel_avx512vnni<R>(a); } };
+#endif
+#if defined(__AVX2__)
+template <int R> struct Avx2 { static void run(const PanelArgs& a) { panel_256<DotAvx2, R>(a); } };
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+template <int R> struct AvxVnni { static void run(const PanelArgs& a) { panel_256<DotVnni256, R>(a); } };
+#endif
+#endif
+
+const PanelKernel* kernels(int isa) {
+  switch (isa) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    case kAvx512Vnni: return Table<Avx512Vnni>::rows;
+#endif
+#if defined(__AVX2__) && (defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
+    case kAvxVnni: return Table<AvxVnni>::rows;
+#endif
+#if defined(__AVX2__)
+    case kAvx2: return Table<Avx2>::rows;
+#endif
+    default: return Table<Scalar>::rows;
+  }
+}
+
+// The path a call takes: `name` if given, else COURSE_LIB_W4A8_ISA if set, else the widest this CPU runs.
+int choose_isa(const std::string& name) {
+  static const std::string forced = [] {
+    const char* env = std::getenv("COURSE_LIB_W4A8_ISA");
+    return std::string(env ? env : "");
+  }();
+  const std::string& want = name.empty() ? forced : name;
+  if (want.empty()) {
+    for (int isa = kAvx512Vnni; isa > kScalar; --isa)
+      if (isa_compiled(isa)) return isa;
+    return kScalar;
+  }
+  for (int isa = kScalar; isa <= kAvx512Vnni; ++isa)
+    if (want == kIsaNames[isa]) {
+      TORCH_CHECK(isa_compiled(isa), "w4a8_linear: the ", want, " path is not available on this CPU or build");
+      return isa;
+    }
+  TORCH_CHECK(false, "w4a8_linear: unknown path '", want, "' (scalar, avx2, avxvnni, avx512vnni)");
+}
+
+}  // namespace
+
+// The W4A8 paths this CPU and build can run, narrowest first.
+std::vector<std::string> w4a8_paths() {
+  std::vector<std::string> names;
+  for (int isa = kScalar; isa <= kAvx512Vnni; ++isa)
+    if (isa_compiled(isa)) names.emplace_back(kIsaNames[isa]);
+  return names;
+}
+
+// x [m, k] (float32 or bfloat16) @ W^T for W packed by pack_w4a8 ([n/16, blocks, 320] uint8) -> [m, n] in x's dtype.
+at::Tensor w4a8_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
+                       const std::string& isa_name) {
+  TORCH_CHECK(x_in.dim() == 2 && (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16),
+              "w4a8_linear: x [m, k] float32 or bfloat16");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == kQBlockBytes &&
+                  packed.is_contiguous(), "w4a8_linear: packed [n/16, blocks, 320] uint8 (pack_w4a8)");
+  const int64_t NP = packed.size(0), B = packed.size(1), Kp = B * kQBlock;
+  const auto x = x_in.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K <= Kp && K > Kp - kQBlock, "w4a8_linear: x has ", K, " features, the weight ", Kp, " (padded)");
+  TORCH_CHECK(out_features <= NP * kQPanel && out_features > (NP - 1) * kQPanel, "w4a8_linear: out_features ",
+              out_features, " does not fit ", NP, " panels");
+  const PanelKernel* table = kernels(choose_isa(isa_name));
+  auto y = at::empty({M, out_features}, x.options());
+  if (M == 0) return y;
+  std::vector<int8_t> q(M * Kp);
+  std::vector<float> dx(M * B), sx(M * B);
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      if (x.scalar_type() == at::kFloat)
+        quantize_row(x.data_ptr<float>() + r * K, K, B, q.data() + r * Kp, dx.data() + r * B, sx.data() + r * B);
+      else
+        quantize_row(x.data_ptr<at::BFloat16>() + r * K, K, B, q.data() + r * Kp, dx.data() + r * B,
+                     sx.data() + r * B);
+    }
+  });
+  const uint8_t* W = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, NP, 1, [&](int64_t begin, int64_t end) {
+    float out[kQRows * kQPanel];
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n0 = p * kQPanel, width = std::min(kQPanel, out_features - n0);
+      for (int64_t r0 = 0; r0 < M; r0 += kQRows) {
+        const int64_t R = std::min<int64_t>(kQRows, M - r0);
+        table[R - 1]({q.data() + r0 * Kp, dx.data() + r0 * B, sx.data() + r0 * B, Kp, B, W + p * B * kQBlockBytes,
+                      out});
+        for (int64_t r = 0; r < R; ++r) {
+          if (y.scalar_type() == at::kFloat)
+            std::memcpy(y.data_ptr<float>() + (r0 + r) * out_features + n0, out + r * kQPanel, width * 4);
+          else
+            for (int64_t o = 0; o < width; ++o)
+              y.data_ptr<at::BFloat16>()[(r0 + r) * out_features + n0 + o] = at::BFloat16(out[r * kQPanel + o]);
+        }
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace course_lib
+#pragma GCC pop_options

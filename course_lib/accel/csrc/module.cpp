@@ -22,6 +22,8 @@ at::Tensor onednn_linear(const at::Tensor& x, int64_t handle, int64_t out_featur
                          const std::optional<at::Tensor>& panels, int64_t panel_rows);
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                        int64_t many_rows);
+std::vector<std::string> w4a8_paths();
+at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, const std::string& isa);
 // attention.cpp
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                   at::Tensor block_tables, at::Tensor context_lens,
@@ -31,12 +33,14 @@ at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v
 TORCH_LIBRARY(course_lib, m) {
   m.def("onednn_linear(Tensor x, int handle, int out_features, Tensor? panels=None, int panel_rows=0) -> Tensor");
   m.def("int8_linear(Tensor x, Tensor codes, Tensor scales, int many_rows) -> Tensor");
+  m.def("w4a8_linear(Tensor x, Tensor packed, int out_features, str isa='') -> Tensor");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, Tensor? k_new=None, Tensor? v_new=None) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(course_lib, CPU, m) {
   m.impl("onednn_linear", &course_lib::onednn_linear);
   m.impl("int8_linear", &course_lib::int8_linear);
+  m.impl("w4a8_linear", &course_lib::w4a8_linear);
   m.impl("paged_decode_attention", &course_lib::paged_decode_attention);
 }
 
@@ -56,6 +60,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("onednn_linear", &onednn_linear, "x [m, in] @ w^T through the weight under a handle (or the panels)",
         py::arg("x"), py::arg("handle"), py::arg("out_features"), py::arg("panels") = py::none(),
         py::arg("panel_rows") = 0);
+  m.def("w4a8_paths", &w4a8_paths, "the W4A8 paths this CPU and build run, narrowest first");
+  m.def("w4a8_linear", &w4a8_linear, "x [m, k] @ W^T, W as packed Q4_1 blocks, x quantized to int8 per block",
+        py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("isa") = "");
   m.def("paged_decode_attention", &paged_decode_attention, "attention over the paged KV cache, a query row each",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("context_lens"),
         py::arg("k_new") = py::none(), py::arg("v_new") = py::none());
