@@ -63,7 +63,7 @@ def test_padded_graph_steps_give_the_reference_tokens(tokenizer):
     got = greedy(llm)
     assert [len(g) for g in got] == list(MAX_TOKENS)
     assert got == want
-    step = llm.engine.model_runner.compiled_decode
+    step = llm.engine.model_runner.decode_graph
     assert sorted(step.graphs) == [1, 2, 4, 8] and step.max_blocks == 32  # 128 tokens in blocks of 4
     assert llm.engine.stats.cuda_graphs == 4 and llm.engine.stats.graph_capture_seconds > 0
     assert step.steps == max(MAX_TOKENS) - 1  # every decode step (all prompts prefill in the first)
@@ -76,7 +76,7 @@ def test_graph_steps_with_the_cpp_kernel_give_the_reference_tokens(tokenizer):
     want = greedy(LLM.from_model(tiny_model(), tokenizer, **ENGINE))
     llm = LLM.from_model(tiny_model(), tokenizer, accel=graph_plan(attention="cpp"), max_num_seqs=8, **ENGINE)
     assert greedy(llm) == want
-    assert llm.engine.model_runner.compiled_decode.steps == max(MAX_TOKENS) - 1
+    assert llm.engine.model_runner.decode_graph.steps == max(MAX_TOKENS) - 1
 
 
 def check_graph_steps(attention: str, dtype: torch.dtype, tol: float, device: str = "cpu") -> None:
@@ -129,14 +129,14 @@ def test_steps_larger_than_the_largest_bucket_run_eager(tokenizer):
     llm = LLM.__new__(LLM)
     llm.engine, llm.tokenizer = engine, tokenizer
     assert greedy(llm) == want
-    step = engine.model_runner.compiled_decode
+    step = engine.model_runner.decode_graph
     assert sorted(step.graphs) == [1, 2] and not step.takes(3)
     assert step.steps == max(MAX_TOKENS) - 1 - 11  # the first 11 decode steps have 3 or more sequences
 
 
 def test_enforce_eager_turns_graphs_off(tokenizer):
     llm = LLM.from_model(tiny_model(), tokenizer, accel=graph_plan(), enforce_eager=True, **ENGINE)
-    assert not llm.accel.plan.cuda_graphs and llm.engine.model_runner.compiled_decode is None
+    assert not llm.accel.plan.cuda_graphs and llm.engine.model_runner.decode_graph is None
     assert llm.engine.stats.cuda_graphs == 0
     assert "CUDA graphs" in graph_plan().describe() and "CUDA graphs" not in Plan("cpu", torch.float32).describe()
     with pytest.raises(TypeError, match="enforce_eager"):
@@ -175,7 +175,7 @@ def test_cuda_graphs_match_eager_on_cuda(tokenizer):
         check_triton_new_token("cuda", torch.bfloat16, rtol=2e-2)
     check_graph_steps("triton", torch.float32, 1e-4, "cuda")  # captured for real: same buffers, padding
     assert plan_for("cuda", torch.float32).cuda_graphs
-    assert not plan_for("cuda", torch.float32, cuda_graphs=False).cuda_graphs
+    assert not plan_for("cuda", torch.float32, enforce_eager=True).cuda_graphs
     cuda = dict(ENGINE, kv_cache_memory=64 * 2**20)
 
     def run(enforce_eager: bool):
@@ -186,7 +186,7 @@ def test_cuda_graphs_match_eager_on_cuda(tokenizer):
     eager, want = run(True)
     llm, got = run(False)
     assert got == want
-    step = llm.engine.model_runner.compiled_decode
+    step = llm.engine.model_runner.decode_graph
     assert llm.engine.stats.cuda_graphs == 4 and step.steps == max(MAX_TOKENS) - 1
     assert eager.engine.stats.cuda_graphs == 0
     ids = torch.tensor([5, 6, 7], device="cuda")

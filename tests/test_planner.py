@@ -147,7 +147,7 @@ def test_quantized_weight_bytes_match_quantize_model(model):
 
     cfg = model.config
     for bits, method in ((8, "int8"), (4, "int4")):
-        quantized = quantized_copy(model, method, group_size=32, backend="torch")
+        quantized = quantized_copy(model, method, group_size=32)
         assert weight_memory(cfg, torch.float32, bits).total == weight_bytes(quantized)
 
 

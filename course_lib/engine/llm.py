@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 from contextlib import closing
 from pathlib import Path
 from typing import Iterator
@@ -15,7 +14,7 @@ from typing import Iterator
 import torch
 
 from ..checks import Integral, number
-from ..dtypes import check_triton_dtype, resolve_device_dtype
+from ..dtypes import resolve_device_dtype
 from ..loading import load_model
 from ..model import Transformer
 from ..sampling import SamplingParams
@@ -38,6 +37,9 @@ def _check_options(quantization: str | None, group_size: int, accel, compile_dec
         raise TypeError(f"compile_decode must be True or False, got {compile_decode!r}")
     if not isinstance(enforce_eager, bool):
         raise TypeError(f"enforce_eager must be True or False, got {enforce_eager!r}")
+    if compile_decode and accel is False:
+        raise ValueError("compile_decode=True is part of accel's plan: pass accel=True too (LLM() is the eager "
+                         "reference engine)")
     engine_config = EngineConfig.from_options(engine_args)  # a misspelled option fails before the model loads
     if quantization is not None:
         from ..quant.linear import METHODS
@@ -52,8 +54,8 @@ def _check_extras(speculative_config, batch_invariant: bool, accel, compile_deco
     reference engine: accel's kernels pick their own splits by the rows of a step."""
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant must be True or False, got {batch_invariant!r}")
-    if batch_invariant and (accel is not False or compile_decode):
-        raise ValueError("batch_invariant=True runs the reference engine: leave accel and compile_decode off")
+    if batch_invariant and accel is not False:
+        raise ValueError("batch_invariant=True runs the reference engine: leave accel off")
     return SpeculativeConfig.from_dict(speculative_config), batch_invariant
 
 
@@ -64,14 +66,15 @@ class LLM:
     32 here: the default model's GGUF weights are already 4-bit in blocks of 32, and regrouping them
     by 128 raises its perplexity (benchmarks/quantization.py).
 
-    `LLM()` is the reference engine: pure PyTorch, the same code on every machine. `accel=True` applies
-    `course_lib.accel`'s plan for this machine (fused blocks; on the CPU oneDNN packed weights and C++ kernels,
-    built here once per machine; Triton attention on CUDA): the same tokens, faster. `python -m course_lib.accel`
-    prints the plan. `compile_decode=True` also compiles the decode step with `torch.compile` when the engine
-    starts (minutes on a small CPU, in `llm.engine.stats.compile_seconds`): for benchmarks and serving.
-    On CUDA, `accel=True` also runs decode steps as CUDA graphs, one per batch-size bucket, captured when the
-    engine starts (`llm.engine.stats.cuda_graphs` graphs in `graph_capture_seconds`); `enforce_eager=True`
-    (vLLM's name) runs them eagerly instead, and leaves `compile_decode` as it is.
+    `LLM()` is the reference engine: pure PyTorch, the same code on every machine (quantized layers included).
+    `accel=True` applies `course_lib.accel`'s plan for this machine (fused blocks; on the CPU oneDNN packed
+    weights, INT8/INT4 ops and C++ kernels, built here once per machine; Triton attention and quantized kernels
+    on CUDA): the same tokens, faster. `python -m course_lib.accel` prints the plan. Two options are part of that
+    plan: `compile_decode=True` also compiles the decode step with `torch.compile` when the engine starts
+    (minutes on a small CPU, in `llm.engine.stats.compile_seconds`), for benchmarks and serving; and on CUDA,
+    where decode steps run as CUDA graphs, one per batch-size bucket, captured when the engine starts
+    (`llm.engine.stats.cuda_graphs` graphs in `graph_capture_seconds`), `enforce_eager=True` (vLLM's name)
+    runs them eagerly instead, and leaves `compile_decode` as it is.
 
     `speculative_config` (vLLM's): guess tokens and verify them in one step, e.g. {"method": "ngram",
     "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"method": "draft_model",
@@ -119,8 +122,6 @@ class LLM:
                quantization: str | None, group_size: int, accel, compile_decode: bool,
                enforce_eager: bool = False, speculative: SpeculativeConfig | None = None,
                batch_invariant: bool = False, tensor_parallel_size: int = 1) -> None:
-        if accel is not False or compile_decode or quantization is not None:  # the engine would run Triton on CUDA
-            check_triton_dtype(model.device, model.dtype)
         self.device, self.model, self.tokenizer = model.device, model, tokenizer
         self.accel = self.workers = None
         tp = number("tensor_parallel_size", tensor_parallel_size, Integral, lambda v: v >= 1, "an integer >= 1")
@@ -129,23 +130,17 @@ class LLM:
         # The draft model comes from the weights as loaded, before accel repacks them or tp shards them.
         speculator = Speculator(speculative, model) if speculative is not None else None
         if tp > 1:  # shards (and quantizes) `model` as rank 0, starts ranks 1..tp-1
-            if accel is not False or compile_decode:
-                raise ValueError("tensor_parallel_size > 1 runs the reference engine: "
-                                 "leave accel and compile_decode off")
+            if accel is not False:
+                raise ValueError("tensor_parallel_size > 1 runs the reference engine: leave accel off")
             from ..parallel import TensorParallelWorkers
 
             self.workers = TensorParallelWorkers(model, tp, quantization, group_size)
-        elif accel is not False or compile_decode:  # the one place course_lib.accel touches the engine
-            from ..accel import Accelerator, plan_for, reference_plan
+        elif accel is not False:  # the one place course_lib.accel touches the engine
+            from ..accel import accelerate
 
-            if accel is True:
-                plan = plan_for(model.device, model.dtype, compile_decode, cuda_graphs=not enforce_eager)
-            elif accel is False:
-                plan = reference_plan(model.device, model.dtype, compile_decode)
-            else:
-                plan = dataclasses.replace(accel, cuda_graphs=accel.cuda_graphs and not enforce_eager)
-            self.accel = Accelerator.apply(model, plan, quantization, group_size,  # fuse, quantize, pack
-                                           engine_config.max_num_seqs, engine_config.max_model_len)
+            draft = speculator.draft.model if speculator is not None and speculator.draft is not None else None
+            self.accel = accelerate(model, accel, compile_decode, enforce_eager, quantization, group_size,
+                                    engine_config.max_num_seqs, engine_config.max_model_len, draft)
         elif quantization is not None:
             from ..quant import quantize_model
 

@@ -88,7 +88,7 @@ class EngineStats:
     prefix_cache_hit_rate: float = 0.0
     blocks_used: int = 0
     blocks_free: int = 0
-    compile_seconds: float = 0.0  # time torch.compile took at start-up (`LLM(compile_decode=True)`)
+    compile_seconds: float = 0.0  # time torch.compile took at start-up (`LLM(accel=True, compile_decode=True)`)
     cuda_graphs: int = 0  # decode graphs captured at start-up, one per batch-size bucket (accel on CUDA)
     graph_capture_seconds: float = 0.0
     spec_num_drafts: int = 0  # speculative decoding: verifications of drafted tokens
@@ -135,11 +135,7 @@ class LLMEngine:
         self.model_runner = ModelRunner(model, kv_cache, accel, attention, speculator)
         self.requests: dict[str, Sequence] = {}
         self.router = OutputRouter()
-        self.stats = EngineStats()
-        if self.model_runner.compiled_decode is not None:
-            self.stats.compile_seconds = self.model_runner.compiled_decode.compile_seconds
-            self.stats.cuda_graphs = len(getattr(self.model_runner.compiled_decode, "graphs", ()))
-            self.stats.graph_capture_seconds = getattr(self.model_runner.compiled_decode, "capture_seconds", 0.0)
+        self.stats = EngineStats(**(accel.stats() if accel is not None else {}))
         self._ids = itertools.count()
         self._lock = threading.RLock()  # one step, add or abort at a time, whichever thread asks
 

@@ -35,7 +35,7 @@ from ..model import Transformer
 from ..profiling.flops import StepCost, decode_cost, prefill_cost
 from ..profiling.memory import GiB, activation_bytes, bytes_per_value, weight_bytes
 from ..profiling.roofline import weights_read
-from ..quant.linear import QuantLinear, cpu_backend_problem
+from ..quant.linear import QuantLinear
 from .devices import DeviceSpec, find_device
 from .formats import WeightFormat, find_format
 from .presets import load_config
@@ -206,12 +206,11 @@ def file_bits(config, weight_format: str | WeightFormat) -> float:
 
 
 def weight_memory(config: ModelConfig, dtype: torch.dtype | str = torch.bfloat16, weight_bits: int | None = None,
-                  group_size: int = 32, kind: str = "gpu", weight_format: str | WeightFormat | None = None
-                  ) -> WeightMemory:
+                  group_size: int = 32, weight_format: str | WeightFormat | None = None) -> WeightMemory:
     """The weights' bytes, from the engine's own modules built on the meta device (no memory).
 
     Quantized (`weight_bits` 8 or 4): every linear layer but `lm_head` becomes a `QuantLinear`, as
-    `quantize_model` does, in the layout of the backend the engine would use on that `kind` of device;
+    `quantize_model` does, in its portable layout (codes, float32 scales and mins);
     embeddings, norms and `lm_head` stay in `dtype`. A `weight_format` ("q4_k_m", "awq", ...) instead counts
     each parameter at the bits that format stores it in (`formats.FORMATS`), as a checkpoint file holds them.
     """
@@ -227,13 +226,8 @@ def weight_memory(config: ModelConfig, dtype: torch.dtype | str = torch.bfloat16
         return _format_memory(model, find_format(weight_format))
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"]
     for name, linear in linears if method is not None else []:
-        # quantize_model's choice on that device: the CPU's packed layout where the op takes the shape
-        # (`cpu_backend_problem`), else the portable layout ("torch" and "triton" share it)
-        fits_cpu = kind == "cpu" and cpu_backend_problem(method, linear.in_features, linear.out_features,
-                                                         group_size) is None
         model.set_submodule(name, QuantLinear(linear.in_features, linear.out_features, method, group_size,
-                                              linear.bias is not None, "cpu" if fits_cpu else "torch", "meta",
-                                              linear.weight.dtype))
+                                              linear.bias is not None, "meta", linear.weight.dtype))
     first = model.get_submodule(linears[0][0])  # q_proj of layer 0, float or quantized
     per_weight = weight_bytes(first) / (first.in_features * first.out_features)  # its bias (if any) is negligible
     return WeightMemory(weight_bytes(model), weights_read(model), per_weight)
@@ -302,7 +296,7 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
     dt = dtype_name(dtype or dev.default_dtype)
     peak = dev.peak_flops(dt)
 
-    weights, read, per_weight = weight_memory(cfg, dt, weight_bits, group_size, dev.kind, fmt)
+    weights, read, per_weight = weight_memory(cfg, dt, weight_bits, group_size, fmt)
     per_token = cfg.kv_bytes_per_token(dt)
     chunk = min(prompt_len, EngineConfig.max_num_batched_tokens)  # the engine prefills in steps of this many
     acts = activation_bytes(cfg, chunk, dtype=dt, logits_tokens=1)
