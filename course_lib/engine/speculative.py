@@ -139,13 +139,13 @@ class DraftModel:
 
     @classmethod
     def from_target(cls, target: Transformer, quantization: str | None) -> "DraftModel":
-        """The target itself, quantized (a copy: the target keeps its weights)."""
-        from ..quant import quantize_model
+        """The target itself, quantized: a copy that shares the target's embedding and norms, and costs only its
+        codes and scales (unquantized: a whole copy)."""
+        from ..quant import quantized_copy
 
-        draft = copy.deepcopy(target)
-        if quantization is not None:
-            quantize_model(draft, quantization, group_size=32)  # as LLM(quantization=...) groups them
-        return cls(draft)
+        if quantization is None:
+            return cls(copy.deepcopy(target))
+        return cls(quantized_copy(target, quantization, group_size=32))  # as LLM(quantization=...) groups them
 
     @torch.inference_mode()
     def propose(self, request_id: str, token_ids: list[int], k: int, capacity: int, sample_probs=None,
