@@ -22,7 +22,8 @@ from course_lib.kv_cache import KVCache
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_MODULES = ["model.py", "sampling.py", "kv_cache.py", "generate.py", "attention/paged.py",
                      "attention/__init__.py", "engine/scheduler.py", "engine/block_manager.py", "engine/sequence.py",
-                     "engine/output_router.py", "engine/model_runner.py", "engine/llm_engine.py"]
+                     "engine/output_router.py", "engine/model_runner.py", "engine/llm_engine.py",
+                     "engine/inputs.py", "engine/metrics.py", "engine/kv_budget.py", "engine/speculative.py"]
 PROMPTS = ["The capital of France is", "Write a haiku about the KV cache.", "1, 2, 3, 4,"]
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 

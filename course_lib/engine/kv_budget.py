@@ -57,3 +57,18 @@ def default_kv_cache_memory(config: ModelConfig, max_num_seqs: int, max_model_le
 
 def _mib(num_bytes: int) -> str:
     return f"{num_bytes / 2**20:,.1f} MiB"
+
+
+def make_kv_cache(model, config) -> tuple[PagedKVCache, int]:
+    """The engine's paged KV cache for `model` (`config.kv_cache_memory`, or the default budget above) and the
+    context window it serves: `config.max_model_len`, refused past the model's context or the cache, else both."""
+    budget = config.kv_cache_memory
+    if budget is None:  # what max_num_seqs x max_model_len can use, within the device's cap
+        budget = default_kv_cache_memory(model.config, config.max_num_seqs, config.max_model_len,
+                                         config.block_size, model.device, model.dtype)
+    kv_cache = PagedKVCache.from_memory(model.config, budget, config.block_size, model.device, model.dtype)
+    limit = min(model.config.max_position_embeddings, kv_cache.num_blocks * config.block_size)
+    if config.max_model_len is not None and not 1 <= config.max_model_len <= limit:
+        raise ValueError(f"max_model_len must be in [1, {limit}] (the model's context and the KV cache), "
+                         f"got {config.max_model_len}")
+    return kv_cache, config.max_model_len or limit
