@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import socket
 import time
 import weakref
 from datetime import timedelta
@@ -27,17 +26,12 @@ import torch.multiprocessing as mp
 
 from ..attention.paged import PagedAttention, PagedKVCache
 from ..config import ModelConfig
+from ..host import free_port
 from ..model import Transformer
-from .accounting import weight_bytes
+from ..profiling.memory import weight_bytes
 from .shard import plan_shard, shard_model
 
 IDLE = timedelta(days=365)  # workers wait for the next step on the control group as long as rank 0 lives
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _device_for(device: torch.device, rank: int) -> torch.device:
@@ -104,7 +98,7 @@ class TensorParallelWorkers:
         self.tp, self.closed = tp, False
         device = model.device
         backend = "nccl" if device.type == "cuda" else "gloo"
-        addr = f"tcp://127.0.0.1:{_free_port()}"
+        addr = f"tcp://127.0.0.1:{free_port()}"
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # to the workers in shared memory
         ctx = mp.get_context("spawn")
         ready = ctx.Queue()
