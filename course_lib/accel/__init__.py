@@ -35,19 +35,18 @@ from .plan import Plan, check_triton_dtype, plan_for
 __all__ = ["Accelerator", "Plan", "accelerate", "plan_for"]
 
 
-def accelerate(model: Transformer, accel: bool | Plan, compile_decode: bool = False, enforce_eager: bool = False,
-               quantization: str | None = None, group_size: int = 32, max_num_seqs: int = 64,
-               max_model_len: int | None = None, draft: Transformer | None = None) -> "Accelerator":
-    """`LLM(accel=True | a Plan, compile_decode=..., enforce_eager=...)`: this machine's plan (or the one given,
-    with `compile_decode` added and CUDA graphs off under `enforce_eager`), applied to `model` and to the
+def accelerate(model: Transformer, config, draft: Transformer | None = None) -> "Accelerator":
+    """The plan `config` (the engine's `EngineConfig`) asks for: this machine's with `accel=True`, or the `Plan`
+    given, with `compile_decode` added and CUDA graphs off under `enforce_eager`; applied to `model`, and to the
     speculative `draft` model's quantized layers."""
     check_triton_dtype(model.device, model.dtype)
-    if accel is True:
-        plan = plan_for(model.device, model.dtype, compile_decode, enforce_eager)
+    if config.accel is True:
+        plan = plan_for(model.device, model.dtype, config.compile_decode, config.enforce_eager)
     else:
-        plan = dataclasses.replace(accel, compile_decode=accel.compile_decode or compile_decode,
-                                   cuda_graphs=accel.cuda_graphs and not enforce_eager)
-    return Accelerator.apply(model, plan, quantization, group_size, max_num_seqs, max_model_len, draft)
+        plan = dataclasses.replace(config.accel, compile_decode=config.accel.compile_decode or config.compile_decode,
+                                   cuda_graphs=config.accel.cuda_graphs and not config.enforce_eager)
+    return Accelerator.apply(model, plan, config.quantization, config.group_size, config.max_num_seqs,
+                             config.max_model_len, draft)
 
 
 class Accelerator:
