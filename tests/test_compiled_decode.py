@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from course_lib import LLM, tolerance
+from course_lib.accel.attention import decode_attention_with_new
 from course_lib.accel.compiled_decode import Int8GraphLinear, decode_step, use_int8_operator
 from course_lib.accel.fused_model import fuse_model
 from course_lib.attention.paged import (
@@ -29,7 +30,7 @@ from tests.paged_inputs import shuffled_block_tables
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2)])
 def test_a_new_token_not_yet_stored_equals_storing_it_first(dtype, tol):
-    """paged_decode_attention's k_new/v_new (the compiled step's token, stored after its graph) against storing
+    """decode_attention_with_new's k_new/v_new (the compiled step's token, stored after its graph) against storing
     the token, then attending over cached + 1 tokens."""
     torch.manual_seed(0)
     num_blocks, block_size, kv_heads, heads, head_dim = 40, 4, 2, 6, 8
@@ -41,7 +42,7 @@ def test_a_new_token_not_yet_stored_equals_storing_it_first(dtype, tol):
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
     q = torch.randn(len(cached), heads, head_dim, dtype=dtype)
     k_new, v_new = torch.randn(2, len(cached), kv_heads, head_dim, dtype=dtype)
-    got = paged_decode_attention(q, k_cache, v_cache, padded, torch.tensor(cached), k_new, v_new)
+    got = decode_attention_with_new(q, k_cache, v_cache, padded, torch.tensor(cached), k_new, v_new)
     # The eager path: store first, then attend over cached + 1 tokens.
     slots = torch.tensor([t[c // block_size] * block_size + c % block_size for t, c in zip(tables, cached)])
     store_kvcache(k_new, v_new, k_cache, v_cache, slots)

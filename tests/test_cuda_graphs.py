@@ -10,8 +10,9 @@ import torch
 
 from course_lib import LLM, tolerance
 from course_lib.accel import Accelerator, Plan
+from course_lib.accel.attention import decode_attention_with_new
 from course_lib.accel.cuda_graphs import CUDAGraphDecodeStep, bucket_for, capture_sizes
-from course_lib.attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache, paged_decode_attention
+from course_lib.attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
 from course_lib.config import ModelConfig
 from course_lib.engine.llm_engine import EngineConfig, LLMEngine
 from course_lib.model import Transformer
@@ -152,7 +153,7 @@ def check_triton_new_token(device: str, dtype: torch.dtype = torch.float32, rtol
     kv_new = torch.randn(6, 2, 2, 8, device=device, dtype=dtype)  # [seqs, k|v, kv_heads, head_dim]
     k_new, v_new = kv_new[:, 0], kv_new[:, 1]  # strided views
     tables = tables.clamp(min=0)  # a graph's static tables hold block ids, never -1
-    want = paged_decode_attention(q, k, v, tables, lens, k_new, v_new).float()
+    want = decode_attention_with_new(q, k, v, tables, lens, k_new, v_new).float()
     got = triton_paged_decode_attention(q, k, v, tables, lens, k_new, v_new).float()
     rel = tolerance.assert_close(got, want, rtol)
     with pytest.raises(ValueError, match="together"):

@@ -27,16 +27,17 @@ import time
 
 import torch
 
-from ..attention.paged import PagedKVCache, paged_decode_attention
+from ..attention.paged import PagedKVCache
 from ..host_copy import staged
 from ..model import Transformer
+from .attention import decode_attention_with_new
 from .quant_linear import INT8_DEQUANTIZE_ROWS, OneDNNQuantLinear
 
 
 class DecodeStepAttention:
     """Attention backend for one compiled decode step: attends, and keeps each layer's new K/V for later.
 
-    `use_cpp`: attend through the C++ kernel (the operator the graph calls) instead of `paged_decode_attention`,
+    `use_cpp`: attend through the C++ kernel (the operator the graph calls) instead of `decode_attention_with_new`,
     which Inductor compiles into a padded gather."""
 
     def __init__(self, kv_cache: PagedKVCache, block_tables: torch.Tensor, cached_lens: torch.Tensor,
@@ -51,7 +52,7 @@ class DecodeStepAttention:
         self.new_k.append(k[0])
         self.new_v.append(v[0])
         k_cache, v_cache = self.kv_cache.k_cache[layer_idx], self.kv_cache.v_cache[layer_idx]
-        attend = torch.ops.course_lib.paged_decode_attention if self.use_cpp else paged_decode_attention
+        attend = torch.ops.course_lib.paged_decode_attention if self.use_cpp else decode_attention_with_new
         return attend(q[0], k_cache, v_cache, self.block_tables, self.cached_lens, k[0], v[0])[None]
 
     def advance(self, num_tokens: int) -> None:
