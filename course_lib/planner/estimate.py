@@ -92,7 +92,7 @@ WEIGHT_BITS = {None: None, 8: "int8", 4: "int4"}  # weight_bits -> `QuantLinear`
 
 
 @dataclass
-class Plan:
+class DeploymentPlan:
     """Memory, speed and capacity of one model on one device, each figure with the formula it came from."""
 
     model: str
@@ -260,7 +260,7 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
          concurrency: int = 1, prompt_len: int | None = None, group_size: int = 32,
          bandwidth_fraction: float | None = None, prefill_flops_fraction: float | None = None,
          decode_flops_fraction: float | None = None, memory_utilization: float = MEMORY_UTILIZATION,
-         weight_format: str | WeightFormat | None = None) -> Plan:
+         weight_format: str | WeightFormat | None = None) -> DeploymentPlan:
     """Plan serving `config` on `device` for `concurrency` users holding `context_len` tokens each.
 
     config: a `ModelConfig`, a `config.json` dict, a preset name or a path (`load_config`); device: a
@@ -300,7 +300,7 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
     per_token = cfg.kv_bytes_per_token(dt)
     chunk = min(prompt_len, EngineConfig.max_num_batched_tokens)  # the engine prefills in steps of this many
     acts = activation_bytes(cfg, chunk, dtype=dt, logits_tokens=1)
-    usable = int(dev.memory_bytes * memory_utilization)  # also Plan.usable_bytes
+    usable = int(dev.memory_bytes * memory_utilization)  # also DeploymentPlan.usable_bytes
     max_users = max(0, (usable - weights - acts) // (per_token * context_len))
 
     def seconds(cost: StepCost, flops_fraction: float) -> tuple[float, str]:
@@ -342,8 +342,9 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
         "tokens/s per user": "1 / TPOT",
         "tokens/s in total": f"{_users(concurrency)} / TPOT",
     }
-    return Plan(model=cfg.name or "model", device=dev.name, dtype=dt, weights=kind, context_len=context_len,
-                concurrency=concurrency, prompt_len=prompt_len, weight_bytes=weights, kv_bytes_per_token=per_token,
-                activation_bytes=acts, memory_bytes=dev.memory_bytes, memory_utilization=memory_utilization,
-                max_concurrency=int(max_users), ttft_s=ttft, tpot_s=tpot, formulas=formulas,
-                weight_format=None if fmt is None else fmt.name, fractions=used)
+    return DeploymentPlan(model=cfg.name or "model", device=dev.name, dtype=dt, weights=kind, context_len=context_len,
+                          concurrency=concurrency, prompt_len=prompt_len, weight_bytes=weights,
+                          kv_bytes_per_token=per_token, activation_bytes=acts, memory_bytes=dev.memory_bytes,
+                          memory_utilization=memory_utilization, max_concurrency=int(max_users), ttft_s=ttft,
+                          tpot_s=tpot, formulas=formulas, weight_format=None if fmt is None else fmt.name,
+                          fractions=used)
