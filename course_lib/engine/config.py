@@ -39,8 +39,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         at_least_1 = lambda v: v >= 1  # noqa: E731
         for name in ("group_size", "tensor_parallel_size", "block_size", "max_num_seqs", "max_num_batched_tokens"):
-            setattr(self, name, number(name if name in ("group_size", "tensor_parallel_size") else
-                                       f"EngineConfig.{name}", getattr(self, name), Integral, at_least_1,
+            setattr(self, name, number(f"EngineConfig.{name}", getattr(self, name), Integral, at_least_1,
                                        "an integer >= 1"))
         if self.max_model_len is not None:
             self.max_model_len = number("EngineConfig.max_model_len", self.max_model_len, Integral, at_least_1,
@@ -53,7 +52,7 @@ class EngineConfig:
                                           "None, bytes (an integer >= 1) or a fraction of free GPU memory in (0, 1]")
         for name in ("enable_prefix_caching", "compile_decode", "enforce_eager", "batch_invariant"):
             if not isinstance(getattr(self, name), bool):
-                raise invalid(TypeError, name, "True or False", getattr(self, name))
+                raise invalid(TypeError, f"EngineConfig.{name}", "True or False", getattr(self, name))
         if self.quantization not in (None, *QUANTIZATION_METHODS):
             raise ValueError(f"quantization must be None or one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
