@@ -7,8 +7,8 @@ For float32, bfloat16 (where the device supports it), INT8, and INT4 with groups
 weight memory of the linear layers and of the whole model, perplexity on a fixed English and a
 fixed Chinese text (`course_lib.evaluation.evaluation_texts`), teacher-forced top-1 next-token
 agreement with float32, and greedy decode speed (1 / the median step); each with its ratio to
-float32. Quantized layers use `quantize_model`'s "auto" backend (PyTorch's packed kernels on the
-CPU, which compute in bfloat16; Triton on CUDA). lm_head, tied to the embedding, stays in float.
+float32. Quantized layers use `LLM(accel=True)`'s kernels (`course_lib.accel.quant_linear`: PyTorch's packed
+ops on the CPU, which compute in bfloat16; Triton on CUDA). lm_head, tied to the embedding, stays in float.
 Checks at the end: INT8 linear weights <= 0.3x float32, INT4 (group 128) <= 0.17x.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 import course_lib
 from course_lib import evaluation as ev
 from course_lib.profiling.memory import weight_bytes
+from course_lib.accel.quant_linear import use_quant_kernels
 from course_lib.quant import QuantLinear, quantize_model
 
 CONFIGS = [  # (label, method, group_size); method None = a float dtype
@@ -50,7 +51,8 @@ def build(base: torch.nn.Module, label: str, method: str | None, group_size: int
     if method is None:
         return copy.deepcopy(base).to(torch.bfloat16)
     shared = {id(t): t for t in list(base.parameters()) + list(base.buffers())}
-    return quantize_model(copy.deepcopy(base, memo=shared), method, group_size=group_size or 128)
+    model = quantize_model(copy.deepcopy(base, memo=shared), method, group_size=group_size or 128)
+    return use_quant_kernels(model, "triton" if base.device.type == "cuda" else "onednn")  # as LLM(accel=True)
 
 
 def measure(model, texts_ids: dict[str, list[int]], reference: dict | None, prompt: list[int], args) -> dict:

@@ -1,8 +1,6 @@
 """Dtype and device names: the API takes a torch dtype or its name everywhere."""
 from __future__ import annotations
 
-import functools
-
 import torch
 
 _NAMES = {
@@ -45,33 +43,6 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
         return torch.bfloat16
     major, _ = torch.cuda.get_device_capability(device)
     return torch.bfloat16 if major >= 8 else torch.float16
-
-
-def check_triton_dtype(device: torch.device | str, dtype: torch.dtype) -> None:
-    """Refuse bfloat16 where the engine would run Triton kernels (`accel`, quantized layers, `torch.compile`) on
-    an NVIDIA GPU below compute capability 8.0, such as a T4: it has no bfloat16 arithmetic, so Triton emulates
-    it, untested by this course's CUDA tests and by Triton, whose maintainers no longer fix sm75 (triton issue
-    #10918). float16, this GPU's default, runs the same kernels natively."""
-    device = torch.device(device)
-    if dtype != torch.bfloat16 or device.type != "cuda" or torch.version.hip:
-        return
-    major, minor = torch.cuda.get_device_capability(device)
-    if major < 8:
-        raise ValueError(f"dtype bfloat16 with Triton kernels needs an NVIDIA GPU of compute capability 8.0 or "
-                         f"later; this one is {major}.{minor}, which has no bfloat16 arithmetic. Use "
-                         f"dtype='float16' (the default on this GPU), or the reference engine (accel=False, no "
-                         f"quantization, no compile_decode).")
-
-
-@functools.cache
-def onednn_has_kernels(dtype: torch.dtype) -> bool:
-    """True where this CPU's oneDNN has bfloat16 (or float16) matmul kernels, AVX-512 and newer: where
-    half-precision weights pay on the CPU (`course_lib.accel`'s plan, `QuantLinear`'s many-row steps)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    if dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()
 
 
 def default_device() -> str:

@@ -7,6 +7,7 @@ console or a pipe may be cp1252 or ASCII, and the course prints `·`, `✓` and 
 from __future__ import annotations
 
 import platform
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,13 @@ def cpu_features() -> str:
     enough to tell two CPUs apart when a build is tuned to one of them."""
     return (cpuinfo_field("flags") or cpuinfo_field("Features")
             or f"{cpu_model()} {platform.machine()}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that nothing listens on right now (a server's, a process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def echo(text: str, file: TextIO | None = None) -> None:

@@ -22,7 +22,8 @@ from course_lib.kv_cache import KVCache
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_MODULES = ["model.py", "sampling.py", "kv_cache.py", "generate.py", "attention/paged.py",
                      "attention/__init__.py", "engine/scheduler.py", "engine/block_manager.py", "engine/sequence.py",
-                     "engine/output_router.py", "engine/model_runner.py", "engine/llm_engine.py"]
+                     "engine/output_router.py", "engine/model_runner.py", "engine/llm_engine.py",
+                     "engine/inputs.py", "engine/metrics.py", "engine/kv_budget.py", "engine/speculative.py"]
 PROMPTS = ["The capital of France is", "Write a haiku about the KV cache.", "1, 2, 3, 4,"]
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
@@ -48,6 +49,39 @@ def test_reference_modules_import_nothing_from_accel_and_name_no_cpu(name):
     text = path.read_text()
     for word in ("GenuineIntel", "AuthenticAMD", "AVX", "AMX", "mkldnn", "oneDNN", "cpp_extension", "Xeon", "EPYC"):
         assert word not in text, f"{name} names {word}"
+
+
+MACHINE_SPECIFIC_CALLS = ("torch.compile", "torch.ops.mkldnn", "torch.backends.mkldnn", "torch._weight_int8pack_mm",
+                          "torch._weight_int4pack_mm", "torch._convert_weight_to_int4pack")
+
+
+def machine_specific_code(path: Path) -> list[str]:
+    """What in `path` belongs behind `accel=True`: an import of Triton or of torch's C++ extension builder, a
+    oneDNN-specific op or `torch.compile` named (called or passed), a host-tuned threshold (a *_ROWS constant)."""
+    found = [m for m in imported_modules(path) if m.split(".")[0] == "triton" or "cpp_extension" in m]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute):
+            dotted, inner = [node.attr], node.value
+            while isinstance(inner, ast.Attribute):
+                dotted.insert(0, inner.attr)
+                inner = inner.value
+            if isinstance(inner, ast.Name):
+                name = ".".join([inner.id] + dotted)
+                found += [name for prefix in MACHINE_SPECIFIC_CALLS if name.startswith(prefix)]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found += [t.id for t in targets if isinstance(t, ast.Name) and t.id.endswith("DEQUANTIZE_ROWS")]
+    return found
+
+
+def test_no_machine_specific_code_outside_accel():
+    """Triton, oneDNN's ops, torch.compile and host-tuned thresholds live in `course_lib/accel/` alone: `LLM()`
+    and `LLM(quantization=...)` run the same pure PyTorch on every machine."""
+    outside = [p for p in sorted((ROOT / "course_lib").rglob("*.py")) if "accel" not in p.relative_to(ROOT).parts]
+    assert len(outside) > 50
+    found = {p.relative_to(ROOT).as_posix(): names for p in outside if (names := machine_specific_code(p))}
+    assert not found, found
+    assert machine_specific_code(ROOT / "course_lib" / "accel" / "quant_linear.py")  # the test sees them there
 
 
 def test_the_kernel_sources_are_at_most_four_under_accel_csrc():
@@ -99,6 +133,21 @@ def test_accel_greedy_equals_reference_and_uses_its_plan(llm, accel_llm):
     assert llm.accel is None
     want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
     assert [o.outputs[0].token_ids for o in accel_llm.generate(PROMPTS, GREEDY)] == want
+
+
+@pytest.mark.needs_cpp
+def test_quantized_layers_are_pure_without_accel_and_give_the_same_tokens_with_it():
+    """`LLM(quantization="int4")` multiplies through the pure `QuantLinear` (dequantize, then F.linear); with
+    `accel=True` the same codes go through this machine's kernels, and the greedy tokens stay the same."""
+    from course_lib.quant import QuantLinear
+
+    pure = LLM(device="cpu", quantization="int4")
+    assert {type(m) for m in pure.model.modules() if isinstance(m, QuantLinear)} == {QuantLinear}
+    fast = LLM(device="cpu", quantization="int4", accel=True)
+    kinds = {type(m).__name__ for m in fast.model.modules() if isinstance(m, QuantLinear)}
+    assert kinds == {"OneDNNQuantLinear"}, kinds
+    want = [o.outputs[0].token_ids for o in pure.generate(PROMPTS, GREEDY)]
+    assert [o.outputs[0].token_ids for o in fast.generate(PROMPTS, GREEDY)] == want
 
 
 @pytest.mark.needs_cpp

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from course_lib import LLM, tolerance
+from course_lib.accel.attention import decode_attention_with_new
 from course_lib.accel.compiled_decode import Int8GraphLinear, decode_step, use_int8_operator
 from course_lib.accel.fused_model import fuse_model
 from course_lib.attention.paged import (
@@ -18,17 +19,18 @@ from course_lib.attention.paged import (
     store_kvcache,
 )
 from course_lib.config import ModelConfig
-from course_lib.dtypes import onednn_has_kernels
+from course_lib.accel import Plan
+from course_lib.accel.plan import onednn_has_kernels
+from course_lib.accel.quant_linear import INT8_DEQUANTIZE_ROWS, OneDNNQuantLinear, onednn_problem
 from course_lib.model import Transformer
 from course_lib.quant import QuantLinear
-from course_lib.quant.linear import INT8_DEQUANTIZE_ROWS, cpu_backend_problem
 from course_lib.sampling import SamplingParams
 from tests.paged_inputs import shuffled_block_tables
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2)])
 def test_a_new_token_not_yet_stored_equals_storing_it_first(dtype, tol):
-    """paged_decode_attention's k_new/v_new (the compiled step's token, stored after its graph) against storing
+    """decode_attention_with_new's k_new/v_new (the compiled step's token, stored after its graph) against storing
     the token, then attending over cached + 1 tokens."""
     torch.manual_seed(0)
     num_blocks, block_size, kv_heads, heads, head_dim = 40, 4, 2, 6, 8
@@ -40,7 +42,7 @@ def test_a_new_token_not_yet_stored_equals_storing_it_first(dtype, tol):
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
     q = torch.randn(len(cached), heads, head_dim, dtype=dtype)
     k_new, v_new = torch.randn(2, len(cached), kv_heads, head_dim, dtype=dtype)
-    got = paged_decode_attention(q, k_cache, v_cache, padded, torch.tensor(cached), k_new, v_new)
+    got = decode_attention_with_new(q, k_cache, v_cache, padded, torch.tensor(cached), k_new, v_new)
     # The eager path: store first, then attend over cached + 1 tokens.
     slots = torch.tensor([t[c // block_size] * block_size + c % block_size for t, c in zip(tables, cached)])
     store_kvcache(k_new, v_new, k_cache, v_cache, slots)
@@ -91,12 +93,13 @@ def test_uncompiled_decode_step_matches_paged_forward(use_cpp):
 def test_compiled_engine_greedy_equals_eager_engine(tokenizer, cpp):
     """torch.compile for real (a tiny model: ~1 minute on 2 cores): the same greedy tokens, the cache left as
     eager leaves it, and the compile time reported. cpp: `accel=True` (packed layers and the C++ kernels in the
-    graph); else the reference model compiled alone (`LLM(compile_decode=True)`)."""
+    graph); else a plan of nothing but the compiled step: the reference model compiled alone."""
     prompts = [[1, 2, 3, 4, 5], [400, 401], list(range(1000, 1031)), [7]]  # contexts cross several blocks
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (12, 40, 9, 25)]
 
     def run(compile_decode: bool):
-        llm = LLM.from_model(tiny_model(), tokenizer, accel=cpp, compile_decode=compile_decode, block_size=4,
+        accel = True if cpp else Plan("cpu", torch.float32, fused_blocks=False)
+        llm = LLM.from_model(tiny_model(), tokenizer, accel=accel, compile_decode=compile_decode, block_size=4,
                              kv_cache_memory=4 * 2**20, enable_prefix_caching=False)
         return llm.engine, [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
@@ -109,7 +112,7 @@ def test_compiled_engine_greedy_equals_eager_engine(tokenizer, cpp):
     assert got == want
     # Without the C++ kernel only one-sequence steps are compiled: the longest request's steps alone.
     # With it, every decode step (all prompts prefill in the first step; 39 more give 40 tokens).
-    step = engine.model_runner.compiled_decode
+    step = engine.model_runner.decode_graph
     assert step.steps == (39 if cpp else 40 - 25)
     assert step.warm  # every step fitted a graph of warmup(): only the guards that tell them apart were checked
     assert engine.block_manager.num_used_blocks == 0
@@ -118,13 +121,13 @@ def test_compiled_engine_greedy_equals_eager_engine(tokenizer, cpp):
         assert logits.shape == (2, 49152) and not step.warm
 
 
-def int8_layer() -> QuantLinear:
+def int8_layer() -> OneDNNQuantLinear:
     torch.manual_seed(5)
-    return QuantLinear.from_linear(torch.nn.Linear(64, 48), "int8", backend="cpu")
+    return OneDNNQuantLinear.from_quant(QuantLinear.from_linear(torch.nn.Linear(64, 48), "int8"))
 
 
 @pytest.mark.needs_cpp
-@pytest.mark.skipif(cpu_backend_problem("int8", 64, 48, 0) is not None or not onednn_has_kernels(torch.bfloat16),
+@pytest.mark.skipif(onednn_problem("int8", 64, 48, None) is not None or not onednn_has_kernels(torch.bfloat16),
                     reason="PyTorch's INT8 op or oneDNN's bfloat16 matmuls are missing here")
 def test_compiled_int8_layer_chooses_its_product_by_the_rows_as_it_runs():
     """One compiled graph (dynamic rows) calls `course_lib::int8_linear`, which takes the op below
@@ -147,3 +150,5 @@ def test_compiled_int8_layer_chooses_its_product_by_the_rows_as_it_runs():
 def test_compile_decode_option_checked():
     with pytest.raises(TypeError, match="compile_decode"):
         LLM(device="cpu", compile_decode="yes")
+    with pytest.raises(ValueError, match="part of accel's plan"):
+        LLM(device="cpu", compile_decode=True)

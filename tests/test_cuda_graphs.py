@@ -10,8 +10,9 @@ import torch
 
 from course_lib import LLM, tolerance
 from course_lib.accel import Accelerator, Plan
+from course_lib.accel.attention import decode_attention_with_new
 from course_lib.accel.cuda_graphs import CUDAGraphDecodeStep, bucket_for, capture_sizes
-from course_lib.attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache, paged_decode_attention
+from course_lib.attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
 from course_lib.config import ModelConfig
 from course_lib.engine.llm_engine import EngineConfig, LLMEngine
 from course_lib.model import Transformer
@@ -63,7 +64,7 @@ def test_padded_graph_steps_give_the_reference_tokens(tokenizer):
     got = greedy(llm)
     assert [len(g) for g in got] == list(MAX_TOKENS)
     assert got == want
-    step = llm.engine.model_runner.compiled_decode
+    step = llm.engine.model_runner.decode_graph
     assert sorted(step.graphs) == [1, 2, 4, 8] and step.max_blocks == 32  # 128 tokens in blocks of 4
     assert llm.engine.stats.cuda_graphs == 4 and llm.engine.stats.graph_capture_seconds > 0
     assert step.steps == max(MAX_TOKENS) - 1  # every decode step (all prompts prefill in the first)
@@ -76,7 +77,7 @@ def test_graph_steps_with_the_cpp_kernel_give_the_reference_tokens(tokenizer):
     want = greedy(LLM.from_model(tiny_model(), tokenizer, **ENGINE))
     llm = LLM.from_model(tiny_model(), tokenizer, accel=graph_plan(attention="cpp"), max_num_seqs=8, **ENGINE)
     assert greedy(llm) == want
-    assert llm.engine.model_runner.compiled_decode.steps == max(MAX_TOKENS) - 1
+    assert llm.engine.model_runner.decode_graph.steps == max(MAX_TOKENS) - 1
 
 
 def check_graph_steps(attention: str, dtype: torch.dtype, tol: float, device: str = "cpu") -> None:
@@ -129,14 +130,14 @@ def test_steps_larger_than_the_largest_bucket_run_eager(tokenizer):
     llm = LLM.__new__(LLM)
     llm.engine, llm.tokenizer = engine, tokenizer
     assert greedy(llm) == want
-    step = engine.model_runner.compiled_decode
+    step = engine.model_runner.decode_graph
     assert sorted(step.graphs) == [1, 2] and not step.takes(3)
     assert step.steps == max(MAX_TOKENS) - 1 - 11  # the first 11 decode steps have 3 or more sequences
 
 
 def test_enforce_eager_turns_graphs_off(tokenizer):
     llm = LLM.from_model(tiny_model(), tokenizer, accel=graph_plan(), enforce_eager=True, **ENGINE)
-    assert not llm.accel.plan.cuda_graphs and llm.engine.model_runner.compiled_decode is None
+    assert not llm.accel.plan.cuda_graphs and llm.engine.model_runner.decode_graph is None
     assert llm.engine.stats.cuda_graphs == 0
     assert "CUDA graphs" in graph_plan().describe() and "CUDA graphs" not in Plan("cpu", torch.float32).describe()
     with pytest.raises(TypeError, match="enforce_eager"):
@@ -152,7 +153,7 @@ def check_triton_new_token(device: str, dtype: torch.dtype = torch.float32, rtol
     kv_new = torch.randn(6, 2, 2, 8, device=device, dtype=dtype)  # [seqs, k|v, kv_heads, head_dim]
     k_new, v_new = kv_new[:, 0], kv_new[:, 1]  # strided views
     tables = tables.clamp(min=0)  # a graph's static tables hold block ids, never -1
-    want = paged_decode_attention(q, k, v, tables, lens, k_new, v_new).float()
+    want = decode_attention_with_new(q, k, v, tables, lens, k_new, v_new).float()
     got = triton_paged_decode_attention(q, k, v, tables, lens, k_new, v_new).float()
     rel = tolerance.assert_close(got, want, rtol)
     with pytest.raises(ValueError, match="together"):
@@ -175,7 +176,7 @@ def test_cuda_graphs_match_eager_on_cuda(tokenizer):
         check_triton_new_token("cuda", torch.bfloat16, rtol=2e-2)
     check_graph_steps("triton", torch.float32, 1e-4, "cuda")  # captured for real: same buffers, padding
     assert plan_for("cuda", torch.float32).cuda_graphs
-    assert not plan_for("cuda", torch.float32, cuda_graphs=False).cuda_graphs
+    assert not plan_for("cuda", torch.float32, enforce_eager=True).cuda_graphs
     cuda = dict(ENGINE, kv_cache_memory=64 * 2**20)
 
     def run(enforce_eager: bool):
@@ -186,7 +187,7 @@ def test_cuda_graphs_match_eager_on_cuda(tokenizer):
     eager, want = run(True)
     llm, got = run(False)
     assert got == want
-    step = llm.engine.model_runner.compiled_decode
+    step = llm.engine.model_runner.decode_graph
     assert llm.engine.stats.cuda_graphs == 4 and step.steps == max(MAX_TOKENS) - 1
     assert eager.engine.stats.cuda_graphs == 0
     ids = torch.tensor([5, 6, 7], device="cuda")

@@ -12,7 +12,8 @@ import course_lib
 from course_lib import tolerance
 from course_lib.chapter import setup_chapter
 from course_lib.config import ModelConfig
-from course_lib.dtypes import check_triton_dtype, default_dtype, resolve_device_dtype
+from course_lib.accel.plan import check_triton_dtype
+from course_lib.dtypes import default_dtype, resolve_device_dtype
 from course_lib.accel.fused_model import FusedRMSNorm
 from course_lib.model import RMSNorm, Transformer
 
@@ -75,7 +76,8 @@ def test_entry_points_follow_the_policy(card, monkeypatch, capsys):
         assert seen == {"device": torch.device("cuda"), "dtype": want}, entry
 
 
-@pytest.mark.parametrize("options", [dict(accel=True), dict(quantization="int8"), dict(compile_decode=True)])
+@pytest.mark.parametrize("options", [dict(accel=True), dict(accel=True, quantization="int8"),
+                                     dict(accel=True, compile_decode=True)])
 def test_bfloat16_with_triton_is_refused_below_sm80(card, options, monkeypatch):
     """A T4 has no bfloat16 arithmetic: `LLM` refuses it for the Triton kernels, before touching the model, and
     says to use float16. The A100 and H100 take it; the reference engine takes it anywhere."""
@@ -92,8 +94,9 @@ def test_bfloat16_with_triton_is_refused_below_sm80(card, options, monkeypatch):
     refused = CARDS[card][1] == torch.float16
     with pytest.raises(ValueError if refused else Started, match="dtype='float16'" if refused else None):
         course_lib.LLM.from_model(model, None, **options)
-    with pytest.raises(Started):  # the reference engine
-        course_lib.LLM.from_model(model, None)
+    for reference in (dict(), dict(quantization="int8")):  # the reference engine, its quantized layers pure too
+        with pytest.raises(Started):
+            course_lib.LLM.from_model(model, None, **reference)
     check_triton_dtype("cuda", torch.float16)
     check_triton_dtype("cpu", torch.bfloat16)
 

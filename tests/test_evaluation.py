@@ -53,7 +53,7 @@ def test_windows_score_every_token_once(tiny):
 
 def test_agreement_and_memory_of_a_quantized_copy(tiny):
     ids = torch.randint(0, 128, (30,))
-    q = quantize_model(copy.deepcopy(tiny), "int8", backend="torch")
+    q = quantize_model(copy.deepcopy(tiny), "int8")
     assert ev.top1_agreement(tiny, tiny, ids) == 1.0
     assert 0.5 < ev.top1_agreement(tiny, q, ids) <= 1.0
     float_bytes = ev.linear_weight_bytes(tiny)
@@ -86,7 +86,7 @@ def test_kl_divergence_is_zero_for_the_same_model_and_matches_the_definition(tin
     ref = ev.score_text(tiny, ids, keep_logprobs=True)
     assert ref.logprobs.shape == (29, 128)
     assert ev.kl_divergence(ref, ev.score_text(tiny, ids, keep_logprobs=True)) == 0.0
-    q = quantize_model(copy.deepcopy(tiny), "int4", group_size=32, backend="torch")
+    q = quantize_model(copy.deepcopy(tiny), "int4", group_size=32)
     other = ev.score_text(q, ids, keep_logprobs=True)
     with torch.no_grad():
         p = F.log_softmax(tiny(ids[None])[0, :-1].double(), -1)  # [29, vocab]
@@ -102,7 +102,7 @@ def test_kl_divergence_is_zero_for_the_same_model_and_matches_the_definition(tin
 
 
 def test_step_timings_interleave_rounds_and_keep_every_sample(tiny):
-    q = quantize_model(copy.deepcopy(tiny), "int8", backend="torch")
+    q = quantize_model(copy.deepcopy(tiny), "int8")
     out = ev.step_timings({"float": tiny, "int8": q}, context_len=8, prefill_tokens=16, rounds=2, decode_repeats=3)
     assert set(out) == {"float", "int8"}
     for points in out.values():

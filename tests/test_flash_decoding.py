@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from course_lib import tolerance
+from course_lib.accel.attention import decode_attention_with_new
 from course_lib.attention.paged import paged_decode_attention
 from tests.paged_inputs import random_decode_batch
 
@@ -67,7 +68,8 @@ def decode_case(lens: list[int], dtype: torch.dtype, with_new: bool, device: str
             cl[-1] = 0
     tables = tables.clamp(min=0)  # a graph's static tables hold block ids, never -1
     up = [None if t is None else t.double() for t in (k_new, v_new)]
-    want = paged_decode_attention(q.double(), k.double(), v.double(), tables, cl, *up)
+    want = paged_decode_attention(q.double(), k.double(), v.double(), tables, cl) if k_new is None else \
+        decode_attention_with_new(q.double(), k.double(), v.double(), tables, cl, *up)
     return (q, k, v, tables, cl, k_new, v_new), want
 
 

@@ -161,7 +161,7 @@ def test_staging_copies_the_values_and_pins_nothing_without_cuda(monkeypatch):
 def test_engine_checks_its_limits_before_capturing_graphs(tiny, tokenizer):
     """A refused max_model_len raises before the accelerator's decode step is made (captured or compiled)."""
     captured = []
-    accel = type("Accel", (), {"attention": PagedAttention,
+    accel = type("Accel", (), {"attention": PagedAttention, "stats": lambda self: {},
                                 "decode_step": lambda self, model, kv: captured.append(kv) or None})()
     with pytest.raises(ValueError, match="max_model_len"):
         LLMEngine(tiny, tokenizer, EngineConfig(max_model_len=10 ** 9), accel=accel)

@@ -119,17 +119,6 @@ def test_paged_matches_causal_decode_only_and_block_size_one():
     tolerance.assert_close(out, expected, 1e-5)
 
 
-def test_padding_slots_are_skipped():
-    cfg = tiny_config(num_layers=1)
-    cache = PagedKVCache(cfg, num_blocks=4, block_size=4)
-    md = PagedAttentionMetadata.build([[2]], [2], [2], block_size=4, slot_mapping=[8, 9, -1])
-    q, k, v = torch.randn(1, 3, 4, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8)
-    out = PagedAttention(cache, md).attend(0, q, k, v)
-    torch.testing.assert_close(out[:, :2], reference_attention(q[:, :2], k[:, :2], v[:, :2])[0])
-    assert (out[:, 2] == 0).all()  # the padding token gets zeros and wrote nothing
-    assert cache.k_cache[0].flatten(0, 1)[10:].abs().sum() == 0 and cache.k_cache[0, :2].abs().sum() == 0
-
-
 def random_decode_case(device: str, dtype: torch.dtype = torch.float32, context_lens=(1, 5, 16, 11), **shape):
     """q, caches and a shuffled, -1-padded block table for a batch of decodes (this file's default lengths)."""
     return random_decode_batch(context_lens, dtype=dtype, device=device, **shape)

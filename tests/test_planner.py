@@ -61,10 +61,8 @@ def test_bytes_per_weight_come_from_quantlinear():
     assert weight_memory(cfg, "bfloat16").per_linear_weight == 2
     assert weight_memory(cfg, "bfloat16", 8).per_linear_weight == 1 + 4 / 4096  # int8 + a float32 scale a row
     assert weight_memory(cfg, "bfloat16", 4).per_linear_weight == 0.5 + 8 / 32  # + float32 scale and min
-    assert weight_memory(cfg, "bfloat16", 4, kind="cpu").per_linear_weight == 0.5 + 4 / 32  # bf16 pair (CPU op)
     assert weight_memory(cfg, "bfloat16", 4, group_size=128).per_linear_weight == 0.5 + 8 / 128
-    # groups of 16: the CPU op cannot take them, so the engine (and the plan) keep the portable layout
-    assert weight_memory(cfg, "bfloat16", 4, group_size=16, kind="cpu").per_linear_weight == 0.5 + 8 / 16
+    assert weight_memory(cfg, "bfloat16", 4, group_size=16).per_linear_weight == 0.5 + 8 / 16  # QuantLinear's layout
 
 
 def test_decode_reads_the_weights_once_per_step_and_each_users_kv():
@@ -147,7 +145,7 @@ def test_quantized_weight_bytes_match_quantize_model(model):
 
     cfg = model.config
     for bits, method in ((8, "int8"), (4, "int4")):
-        quantized = quantized_copy(model, method, group_size=32, backend="torch")
+        quantized = quantized_copy(model, method, group_size=32)
         assert weight_memory(cfg, torch.float32, bits).total == weight_bytes(quantized)
 
 

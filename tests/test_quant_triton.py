@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from course_lib.accel.quant_linear import TritonQuantLinear
 from course_lib.quant import QuantLinear
 
 # (method, group_size, in_features, out_features, x shape prefix): rows 1, 3, 16 (decode: split K) and 40
@@ -42,15 +43,14 @@ DEFAULT_LAYERS = [(576, 576), (960, 576), (3072, 576), (576, 1536)]  # (out, in)
 def _layers(method: str, group_size: int, k: int, n: int, seed: int) -> tuple[QuantLinear, QuantLinear]:
     torch.manual_seed(seed)
     lin = nn.Linear(k, n, bias=seed % 2 == 0)
-    ref = QuantLinear.from_linear(lin, method, group_size or 128, backend="torch")
-    tri = QuantLinear(k, n, method, group_size or 128, bias=lin.bias is not None, backend="triton")
-    tri.load_state_dict(ref.state_dict())  # the triton backend reads the same portable layout
+    ref = QuantLinear.from_linear(lin, method, group_size or 128)
+    tri = TritonQuantLinear.from_quant(QuantLinear.from_linear(lin, method, group_size or 128))  # the same layout
     return ref, tri
 
 
 def check_triton_against_torch(device: str, dtype: torch.dtype = torch.float32, rtol: float = 1e-4) -> float:
     """Worst relative error of the Triton path against the PyTorch path; raises past `rtol`."""
-    from course_lib.quant.triton_kernels import plan_launch
+    from course_lib.accel.triton_quant import plan_launch
 
     splits = {plan_launch(math.prod(prefix), k, n, g).split_k for _, g, k, n, prefix in CASES}
     assert min(splits) == 1 and max(splits) > 1, f"the cases must run both kernels' paths, got splits {splits}"
@@ -72,7 +72,7 @@ def check_row_kernel_against_torch(device: str) -> float:
     and matmul: INT8 and INT4 in groups of 32 and 128, 1-4 rows, on SmolLM2's width 576 (4.5 groups of 128) and
     320 (2.5): the kernel must stop at the real width."""
     from course_lib.quant import int4, int8
-    from course_lib.quant.triton_kernels import int4_linear, int8_linear
+    from course_lib.accel.triton_quant import int4_linear, int8_linear
     from course_lib.tolerance import assert_close
 
     worst = 0.0
@@ -98,7 +98,7 @@ def check_row_kernel_against_torch(device: str) -> float:
 
 def check_wrapper_rejects_bad_inputs(device: str) -> None:
     from course_lib.quant import int4, int8
-    from course_lib.quant.triton_kernels import int4_linear, int8_linear
+    from course_lib.accel.triton_quant import int4_linear, int8_linear
 
     codes, scales = int8.quantize_int8(torch.randn(32, 64))
     codes, scales = codes.to(device), scales.to(device)
@@ -117,7 +117,7 @@ def check_wrapper_rejects_bad_inputs(device: str) -> None:
 
 def test_decode_grid_fills_the_gpu():
     pytest.importorskip("triton")
-    from course_lib.quant.triton_kernels import plan_launch
+    from course_lib.accel.triton_quant import plan_launch
 
     for g in (0, 128):  # INT8, INT4
         one_row = plan_launch(1, 576, 576, g)
@@ -132,7 +132,7 @@ def test_decode_grid_fills_the_gpu():
 @pytest.mark.parametrize("rows", [17, 40, 64, 512])
 def test_prefill_keeps_one_k_slice(rows):
     pytest.importorskip("triton")
-    from course_lib.quant.triton_kernels import plan_launch
+    from course_lib.accel.triton_quant import plan_launch
 
     for out, k in DEFAULT_LAYERS:
         plan = plan_launch(rows, k, out, 128)
@@ -142,7 +142,7 @@ def test_prefill_keeps_one_k_slice(rows):
 @pytest.mark.parametrize("group_size", [0, 2, 8, 32, 48, 128, 256])
 def test_plan_tiles_cover_the_layer_once(group_size):
     pytest.importorskip("triton")
-    from course_lib.quant.triton_kernels import plan_launch
+    from course_lib.accel.triton_quant import plan_launch
 
     for rows in (1, 5, 16, 17, 100):
         for k in (group_size or 16, 200, 576, 1536, 4000):
@@ -159,7 +159,7 @@ def test_plan_tiles_cover_the_layer_once(group_size):
 def test_kernel_choice_by_capability_and_rows():
     """tl.dot uses tensor cores from 8.0; below (a T4, a V100) few rows take the row kernel, many cuBLAS."""
     pytest.importorskip("triton")
-    from course_lib.quant.triton_kernels import SPLIT_K_MAX_ROWS, choose_kernel
+    from course_lib.accel.triton_quant import SPLIT_K_MAX_ROWS, choose_kernel
 
     for cap in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0)):
         assert {choose_kernel(cap, r) for r in (1, 4, 16, 17, 512)} == {"tile"}, cap
@@ -173,24 +173,25 @@ def test_kernel_choice_by_capability_and_rows():
 def test_t4_prompt_dequantizes_to_cublas(monkeypatch):
     """Many rows on a 7.5 card: no Triton launch, the dequantized weight through F.linear (cuBLAS on a GPU)."""
     pytest.importorskip("triton")
-    from course_lib.quant import int4, int8, triton_kernels
+    from course_lib.accel import triton_quant
+    from course_lib.quant import int4, int8
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the wrapper accepts CPU tensors; no kernel may run
     for name in ("_int8_linear_kernel", "_int4_linear_kernel", "_rows_linear_kernel"):
-        monkeypatch.setattr(triton_kernels, name, None)  # a launch would fail: None[grid]
+        monkeypatch.setattr(triton_quant, name, None)  # a launch would fail: None[grid]
     w, x = torch.randn(40, 96), torch.randn(3, 17, 96)  # 51 rows
     codes, scales = int8.quantize_int8(w)
-    got = triton_kernels.int8_linear(x, codes, scales, capability=(7, 5))
+    got = triton_quant.int8_linear(x, codes, scales, capability=(7, 5))
     assert torch.equal(got, F.linear(x, int8.dequantize_int8(codes, scales)))
     p, s, m = int4.quantize_int4(w, 32)
-    got = triton_kernels.int4_linear(x, p, s, m, 96, capability=(7, 5))
+    got = triton_quant.int4_linear(x, p, s, m, 96, capability=(7, 5))
     assert torch.equal(got, F.linear(x, int4.dequantize_int4(p, s, m, 96)))
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 16])
 def test_row_plan_pads_rows_to_a_power_of_two_only(rows):
     pytest.importorskip("triton")
-    from course_lib.quant.triton_kernels import ROWS_TILE, plan_launch
+    from course_lib.accel.triton_quant import ROWS_TILE, plan_launch
 
     for g in (0, 32, 128):
         p = plan_launch(rows, 576, 576, g, kernel="rows")
@@ -205,7 +206,7 @@ def test_triton_kernels_match_torch_interpreted(run_triton_interpreted):
 def test_triton_wrapper_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
     pytest.importorskip("triton")
     from course_lib.quant import int8
-    from course_lib.quant.triton_kernels import int8_linear
+    from course_lib.accel.triton_quant import int8_linear
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     codes, scales = int8.quantize_int8(torch.randn(32, 64))

@@ -14,6 +14,7 @@ import torch
 from course_lib import LLM, SamplingParams, tolerance
 from course_lib.attention.paged import PagedKVCache
 from course_lib.config import ModelConfig
+from course_lib.engine.config import EngineConfig
 from course_lib.model import Transformer
 from course_lib.parallel import (TensorParallelWorkers, comm_per_token, plan_shard, rank_config,
                                  rank_weight_bytes)
@@ -60,7 +61,7 @@ def test_two_ranks_give_single_process_logits(num_kv_heads, tie):
     ids = torch.randint(0, full.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         want = model(ids)
-    workers = TensorParallelWorkers(model, 2)
+    workers = TensorParallelWorkers(model, EngineConfig(tensor_parallel_size=2))
     try:
         assert model.config.num_heads == 2 and model.config.num_kv_heads == max(num_kv_heads // 2, 1)
         with torch.inference_mode():
@@ -140,7 +141,7 @@ def test_quantized_shards(method):
         want = model(ids)
         single = (quantize_model(small(2, tie=True), method, group_size=32)(ids) - want).abs().max().item()
     float_bytes = rank_weight_bytes(full, 2, torch.float32)
-    workers = TensorParallelWorkers(model, 2, quantization=method, group_size=32)
+    workers = TensorParallelWorkers(model, EngineConfig(tensor_parallel_size=2, quantization=method, group_size=32))
     try:
         assert isinstance(model.layers[0].self_attn.q_proj, QuantLinear)
         assert isinstance(model.layers[0].self_attn.o_proj.linear, QuantLinear)  # inside the row-parallel wrapper

@@ -6,12 +6,27 @@
 
 The reference gathers every sequence's blocks into one padded tensor and runs a masked SDPA, writing the context
 once more and reading it back. The kernels read each row's K/V once, in place, through its block table.
+
+`decode_attention_with_new` is the PyTorch twin of the kernels' `k_new`/`v_new`: a decode step that stores its
+K/V after its graph (compiled, or a CUDA graph) attends to its own new token beside the cached ones.
 """
 from __future__ import annotations
 
 import torch
 
-from ..attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from ..attention.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache, attend_context, gather_context
+
+
+def decode_attention_with_new(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
+                              block_tables: torch.Tensor, cached_lens: torch.Tensor, k_new: torch.Tensor,
+                              v_new: torch.Tensor, max_context_len: int | None = None) -> torch.Tensor:
+    """`paged_decode_attention` over each sequence's cached tokens plus one new token not yet in the cache:
+    k_new, v_new [num_seqs, kv_heads, head_dim], after the cached ones and always visible (a cached_len may be 0).
+    q [num_seqs, heads, head_dim] -> [num_seqs, heads, head_dim]."""
+    k, v, visible = gather_context(k_cache_layer, v_cache_layer, block_tables, cached_lens, max_context_len)
+    k, v = torch.cat([k, k_new[:, None]], 1), torch.cat([v, v_new[:, None]], 1)  # [num_seqs, ctx + 1, kv_heads, d]
+    visible = torch.cat([visible, visible.new_ones(visible.shape[0], 1)], 1)  # [num_seqs, ctx + 1]
+    return attend_context(q, k, v, visible)
 
 
 class CppPagedAttention(PagedAttention):

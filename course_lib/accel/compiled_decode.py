@@ -4,8 +4,8 @@ Eager PyTorch pays Python and dispatch time for each of the ~40 small ops of a l
 step (all layers, attention included) into generated C++: elementwise ops fused into loops and no Python
 between ops (`cpp_wrapper`). The layers keep their kernels: a `PackedLinear` is called through the operator
 `course_lib::onednn_linear`, attention through `course_lib::paged_decode_attention` when the plan has the C++
-kernels, and a "cpu" INT8 layer through `course_lib::int8_linear`, which picks its product by the step's rows
-as it runs (a branch on the rows in Python would need a graph per side).
+kernels, and a oneDNN INT8 layer (`OneDNNQuantLinear`) through `course_lib::int8_linear`, which picks its product
+by the step's rows as it runs (a branch on the rows in Python would need a graph per side).
 
     step(input_ids [n], positions [n], block_tables [n, blocks], cached_lens [n])
         -> logits [n, vocab], new_k and new_v [layers, n, kv_heads, head_dim]
@@ -27,16 +27,17 @@ import time
 
 import torch
 
-from ..attention.paged import PagedKVCache, paged_decode_attention
+from ..attention.paged import PagedKVCache
 from ..host_copy import staged
 from ..model import Transformer
-from ..quant.linear import INT8_DEQUANTIZE_ROWS, QuantLinear
+from .attention import decode_attention_with_new
+from .quant_linear import INT8_DEQUANTIZE_ROWS, OneDNNQuantLinear
 
 
 class DecodeStepAttention:
     """Attention backend for one compiled decode step: attends, and keeps each layer's new K/V for later.
 
-    `use_cpp`: attend through the C++ kernel (the operator the graph calls) instead of `paged_decode_attention`,
+    `use_cpp`: attend through the C++ kernel (the operator the graph calls) instead of `decode_attention_with_new`,
     which Inductor compiles into a padded gather."""
 
     def __init__(self, kv_cache: PagedKVCache, block_tables: torch.Tensor, cached_lens: torch.Tensor,
@@ -51,7 +52,7 @@ class DecodeStepAttention:
         self.new_k.append(k[0])
         self.new_v.append(v[0])
         k_cache, v_cache = self.kv_cache.k_cache[layer_idx], self.kv_cache.v_cache[layer_idx]
-        attend = torch.ops.course_lib.paged_decode_attention if self.use_cpp else paged_decode_attention
+        attend = torch.ops.course_lib.paged_decode_attention if self.use_cpp else decode_attention_with_new
         return attend(q[0], k_cache, v_cache, self.block_tables, self.cached_lens, k[0], v[0])[None]
 
     def advance(self, num_tokens: int) -> None:
@@ -67,21 +68,21 @@ def decode_step(model: Transformer, kv_cache: PagedKVCache, input_ids: torch.Ten
     return logits, torch.stack(attn.new_k), torch.stack(attn.new_v)
 
 
-class Int8GraphLinear(QuantLinear):
-    """A "cpu" INT8 `QuantLinear` whose compiled graph calls `course_lib::int8_linear`, which chooses between
-    PyTorch's INT8 op and a bfloat16 matmul of the codes by the step's rows as it runs (eager: as QuantLinear)."""
+class Int8GraphLinear(OneDNNQuantLinear):
+    """An INT8 `OneDNNQuantLinear` whose compiled graph calls `course_lib::int8_linear`, which chooses between
+    PyTorch's INT8 op and a bfloat16 matmul of the codes by the step's rows as it runs (eager: as its parent)."""
 
-    def _forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.compiler.is_compiling():
-            return super()._forward_cpu(x)
+            return super().matmul(x)
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [tokens, in]
         y = torch.ops.course_lib.int8_linear(x2, self.qweight, self.scales, INT8_DEQUANTIZE_ROWS)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
 def use_int8_operator(model: Transformer) -> int:
-    """Make every "cpu" INT8 layer an `Int8GraphLinear`, in place; returns how many."""
-    layers = [m for m in model.modules() if type(m) is QuantLinear and m.backend == "cpu" and m.method == "int8"]
+    """Make every INT8 `OneDNNQuantLinear` an `Int8GraphLinear`, in place; returns how many."""
+    layers = [m for m in model.modules() if type(m) is OneDNNQuantLinear and m.method == "int8"]
     for layer in layers:
         layer.__class__ = Int8GraphLinear
     return len(layers)

@@ -38,9 +38,10 @@ from typing import Callable
 
 import torch
 
-from ..attention.paged import PagedKVCache, paged_decode_attention
+from ..attention.paged import PagedKVCache
 from ..host_copy import copy_into
 from ..model import Transformer
+from .attention import decode_attention_with_new
 
 MAX_CAPTURE_SIZE = 512  # vLLM's default: larger batches are throughput-bound, eager steps serve them
 
@@ -92,7 +93,7 @@ class StaticDecodeAttention:
     kv_heads, head_dim], to be stored after the replay.
 
     `attend_fn(q, k_cache, v_cache, block_tables, cached_lens, k_new, v_new)`: the Triton kernel, the C++
-    operator or `paged_decode_attention`, which share that contract."""
+    operator or `decode_attention_with_new`, which share that contract."""
 
     def __init__(self, kv_cache: PagedKVCache, block_tables: torch.Tensor, cached_lens: torch.Tensor,
                  attend_fn: Callable, new_k: torch.Tensor, new_v: torch.Tensor):
@@ -111,14 +112,14 @@ class StaticDecodeAttention:
 
 
 def attention_function(attention: str) -> Callable:
-    """The decode attention a plan's `attention` names, in the contract of `paged_decode_attention`."""
+    """The decode attention a plan's `attention` names, in the contract of `decode_attention_with_new`."""
     if attention == "triton":
         from .triton_paged import triton_paged_decode_attention
 
         return triton_paged_decode_attention
     if attention == "cpp":
         return torch.ops.course_lib.paged_decode_attention
-    return paged_decode_attention
+    return decode_attention_with_new
 
 
 class CUDAGraphDecodeStep:

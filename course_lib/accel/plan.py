@@ -8,6 +8,7 @@ how many rows the panels serve better than oneDNN, is measured here once per mac
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -19,11 +20,37 @@ from dataclasses import dataclass, field
 import torch
 
 from ..chapter import processor_name
-from ..dtypes import dtype_name, onednn_has_kernels, resolve_device_dtype, resolve_dtype
+from ..dtypes import dtype_name, resolve_device_dtype, resolve_dtype
 
 PANEL_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # the row counts `measure_panel_rows` tries, in order
 W4A8_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the row counts `measure_w4a8_rows` tries, in order
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in): the default model's fused layer
+
+
+@functools.cache
+def onednn_has_kernels(dtype: torch.dtype) -> bool:
+    """True where this CPU's oneDNN has bfloat16 (or float16) matmul kernels, AVX-512 and newer: where
+    half-precision weights pay on the CPU (the plan, `OneDNNQuantLinear`'s many-row steps)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()
+
+
+def check_triton_dtype(device: torch.device | str, dtype: torch.dtype) -> None:
+    """Refuse bfloat16 where the engine would run Triton kernels (attention, quantized layers, `torch.compile`) on
+    an NVIDIA GPU below compute capability 8.0, such as a T4: it has no bfloat16 arithmetic, so Triton emulates
+    it, untested by this course's CUDA tests and by Triton, whose maintainers no longer fix sm75 (triton issue
+    #10918). float16, this GPU's default, runs the same kernels natively."""
+    device = torch.device(device)
+    if dtype != torch.bfloat16 or device.type != "cuda" or torch.version.hip:
+        return
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        raise ValueError(f"dtype bfloat16 with Triton kernels needs an NVIDIA GPU of compute capability 8.0 or "
+                         f"later; this one is {major}.{minor}, which has no bfloat16 arithmetic. Use "
+                         f"dtype='float16' (the default on this GPU), or the reference engine (accel=False).")
 
 
 @dataclass(frozen=True)
@@ -40,6 +67,7 @@ class Plan:
     w4a8_rows: int = 0  # INT4 layers (groups of 32): steps of 1 to w4a8_rows rows through the W4A8 kernel (C++)
     w4a8_path: str = ""  # its widest instruction-set path here ("avx512vnni", "avxvnni", "avx2", "scalar")
     attention: str = "torch"  # "cpp": every query row through the C++ kernel; "triton": decode rows (CUDA)
+    quant_kernels: str = "torch"  # quantized layers: "onednn" (CPU) or "triton" (CUDA) kernels (`quant_linear.py`)
     compile_decode: bool = False  # decode steps through one torch.compile'd graph (`compiled_decode.py`)
     cuda_graphs: bool = False  # decode steps replayed as CUDA graphs, one per batch-size bucket (`cuda_graphs.py`)
     problems: tuple[str, ...] = field(default=(), compare=False)  # what could not be built or used, and why
@@ -76,6 +104,9 @@ class Plan:
             ("INT4 layers (g32)", f"1-{self.w4a8_rows} rows: W4A8 kernel, int8 activations ({self.w4a8_path}); "
                                   "more: PyTorch's INT4 op" if self.w4a8_rows else "PyTorch's INT4 op (bfloat16 activations)"),
             ("RMSNorm, RoPE, SiLU", "C++, one pass each (eager steps)" if self.fused_ops else "PyTorch"),
+            ("quantized layers", {"onednn": "PyTorch's packed INT8/INT4 CPU ops (oneDNN), bfloat16 from many rows",
+                                  "triton": "Triton kernels, dequantizing inside the matmul",
+                                  "torch": "dequantize, then F.linear (PyTorch)"}[self.quant_kernels]),
             ("attention", attention),
             ("decode step", decode),
         ]
@@ -83,16 +114,11 @@ class Plan:
         return "\n".join(f"  {name:<20} {what}" for name, what in rows)
 
 
-def reference_plan(device: torch.device | str, dtype: torch.dtype | str, compile_decode: bool = False) -> Plan:
-    """No kernel at all: the reference model, optionally through `torch.compile` (`LLM(compile_decode=True)`)."""
-    return Plan(str(torch.device(device).type), resolve_dtype(dtype), fused_blocks=False, compile_decode=compile_decode)
-
-
 def plan_for(device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
-             compile_decode: bool = False, cuda_graphs: bool = True) -> Plan:
+             compile_decode: bool = False, enforce_eager: bool = False) -> Plan:
     """What this machine supports for a model on `device` in `dtype`. On the CPU this builds the C++ kernels
     first if the cache lacks them (once per machine, about a minute); a failed build warns once and leaves
-    them out. On CUDA decode steps run as CUDA graphs unless `cuda_graphs=False` (`LLM(enforce_eager=True)`);
+    them out. On CUDA decode steps run as CUDA graphs unless `enforce_eager=True` (vLLM's name);
     the graphs need the Triton kernel, whose loop stops at each sequence's length (PyTorch's paged attention
     would gather every sequence's longest possible context in a graph of fixed shapes)."""
     from .build import build
@@ -104,7 +130,8 @@ def plan_for(device: torch.device | str | None = None, dtype: torch.dtype | str 
         if not triton:
             problems.append("Triton is not installed: decode attention stays in PyTorch, decode steps eager")
         return Plan("cuda", dtype, attention="triton" if triton else "torch", compile_decode=compile_decode,
-                    cuda_graphs=cuda_graphs and triton, problems=tuple(problems))
+                    quant_kernels="triton" if triton else "torch", cuda_graphs=not enforce_eager and triton,
+                    problems=tuple(problems))
     built = build()
     ops = built.module
     if ops is None:
@@ -124,7 +151,8 @@ def plan_for(device: torch.device | str | None = None, dtype: torch.dtype | str 
     w4a8 = w4a8_rows(ops, problems) if ops is not None and torch.backends.mkldnn.is_available() else 0
     return Plan("cpu", dtype, fused_ops=ops is not None, packed_linears=packed,
                 panel_rows=rows, w4a8_rows=w4a8, w4a8_path=ops.w4a8_paths()[-1] if w4a8 else "",
-                attention="cpp" if ops is not None else "torch", compile_decode=compile_decode, problems=tuple(problems))
+                attention="cpp" if ops is not None else "torch", quant_kernels="onednn",
+                compile_decode=compile_decode, problems=tuple(problems))
 
 
 def panel_rows(ops, dtype: torch.dtype) -> int:

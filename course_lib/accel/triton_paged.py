@@ -24,7 +24,8 @@ over its tokens t, written as o_s and lse_s = m_s + log l_s (log-sum-exp; -inf f
 which is the same online-softmax update once more, with a whole split in place of a token. With one split the
 first kernel normalizes and stores the output itself, and nothing is combined: short decodes run as before.
 
-The PyTorch twin is `course_lib.attention.paged.paged_decode_attention`; tests compare the two
+The PyTorch twin is `course_lib.attention.paged.paged_decode_attention` (with `k_new`/`v_new`:
+`accel.attention.decode_attention_with_new`); tests compare the two
 under TRITON_INTERPRET=1 (which must be set before this module imports triton).
 """
 from __future__ import annotations

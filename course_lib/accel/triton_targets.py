@@ -151,7 +151,8 @@ def engine_launches(dtype: torch.dtype) -> dict[str, Launch]:
     tensor-core tl.dot)."""
     from ..engine.llm_engine import EngineConfig
     from ..planner.presets import PRESETS, load_config
-    from ..quant import int4, triton_kernels
+    from ..quant import int4
+    from . import triton_quant
     from . import triton_paged
 
     cfg = load_config(PRESETS["SmolLM2-135M-Instruct"])
@@ -180,25 +181,25 @@ def engine_launches(dtype: torch.dtype) -> dict[str, Launch]:
         "decode attention, 32k split, graph step": (triton_paged, "_paged_decode_kernel",
                                                     lambda: attend(*one, new[:1], new[:1])),
         "decode attention, combine splits": (triton_paged, "_combine_splits_kernel", lambda: attend(*one)),
-        "int8 linear, 1 row": (triton_kernels, "_int8_linear_kernel",
-                               lambda: triton_kernels.int8_linear(x(1), codes, scales)),
-        "int8 linear, 512 rows": (triton_kernels, "_int8_linear_kernel",
-                                  lambda: triton_kernels.int8_linear(x(512), codes, scales)),
+        "int8 linear, 1 row": (triton_quant, "_int8_linear_kernel",
+                               lambda: triton_quant.int8_linear(x(1), codes, scales)),
+        "int8 linear, 512 rows": (triton_quant, "_int8_linear_kernel",
+                                  lambda: triton_quant.int8_linear(x(512), codes, scales)),
     }
     for g, (p, s, m) in packed.items():
         for rows in (1, 512) if g == 32 else (1,):  # a prompt's tiles are the same for both group sizes
             calls[f"int4 linear g{g}, {rows} row{'s' * (rows > 1)}"] = (
-                triton_kernels, "_int4_linear_kernel",
-                lambda rows=rows, p=p, s=s, m=m: triton_kernels.int4_linear(x(rows), p, s, m, hidden))
+                triton_quant, "_int4_linear_kernel",
+                lambda rows=rows, p=p, s=s, m=m: triton_quant.int4_linear(x(rows), p, s, m, hidden))
     if dtype == torch.float16:  # the row kernel runs below compute capability 8.0, where there is no bfloat16
         t4 = (7, 5)
-        calls["int8 row kernel, 1 row"] = (triton_kernels, "_rows_linear_kernel",
-                                           lambda: triton_kernels.int8_linear(x(1), codes, scales, capability=t4))
+        calls["int8 row kernel, 1 row"] = (triton_quant, "_rows_linear_kernel",
+                                           lambda: triton_quant.int8_linear(x(1), codes, scales, capability=t4))
         for g, rows in ((32, 1), (128, 4)):
             p, s, m = packed[g]
             calls[f"int4 g{g} row kernel, {rows} row{'s' * (rows > 1)}"] = (
-                triton_kernels, "_rows_linear_kernel",
-                lambda rows=rows, p=p, s=s, m=m: triton_kernels.int4_linear(x(rows), p, s, m, hidden, capability=t4))
+                triton_quant, "_rows_linear_kernel",
+                lambda rows=rows, p=p, s=s, m=m: triton_quant.int4_linear(x(rows), p, s, m, hidden, capability=t4))
     return {name: record_launch(module, kernel, call) for name, (module, kernel, call) in calls.items()}
 
 

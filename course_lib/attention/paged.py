@@ -94,7 +94,7 @@ class PagedKVCache:
 class PagedAttentionMetadata:
     """Where one packed step writes and reads. Build it with `PagedAttentionMetadata.build`."""
 
-    slot_mapping: torch.Tensor  # [num_tokens] int64: flat cache slot of each new token's K/V; -1 = skip
+    slot_mapping: torch.Tensor  # [num_tokens] int64: flat cache slot of each new token's K/V
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32: block ids of each sequence, padded with -1
     context_lens: torch.Tensor  # [num_seqs] int32: tokens in cache after this step, incl. the new ones
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32: sequence i's queries are tokens [qsl[i], qsl[i+1])
@@ -102,7 +102,6 @@ class PagedAttentionMetadata:
     max_context_len: int
     context_lens_cpu: list[int]  # the same numbers on the host, so the backend never waits on the device
     query_start_loc_cpu: list[int]
-    skips_slots: bool  # some slot is -1 (padding): known on the host, so no device read decides it
     indices: "StepIndices"  # which rows are decodes and which prompt chunks, for the backend
 
     @property
@@ -116,13 +115,12 @@ class PagedAttentionMetadata:
 
     @classmethod
     def build(cls, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
-              block_size: int, device: torch.device | str | None = "cpu",
-              slot_mapping: list[int] | None = None) -> "PagedAttentionMetadata":
+              block_size: int, device: torch.device | str | None = "cpu") -> "PagedAttentionMetadata":
         """From host lists, one entry per sequence in packing order; `device=None` keeps the tensors on the
         host, for a caller that moves them with its own (`to`).
 
         query_lens[i] new tokens of sequence i are the last ones of its context_lens[i]; their slots
-        follow from its block table unless `slot_mapping` is given (e.g. with -1 for padding).
+        follow from its block table.
         """
         if not (len(block_tables) == len(context_lens) == len(query_lens)):
             raise ValueError("block_tables, context_lens and query_lens need one entry per sequence")
@@ -133,10 +131,6 @@ class PagedAttentionMetadata:
                                  f"got query_len {q}, context_len {ctx}, {len(table)} blocks of {block_size}")
             query_start_loc.append(query_start_loc[-1] + q)
             slots += slots_for(table, range(ctx - q, ctx), block_size)
-        if slot_mapping is not None:
-            if len(slot_mapping) < query_start_loc[-1]:
-                raise ValueError(f"slot_mapping has {len(slot_mapping)} slots for {query_start_loc[-1]} tokens")
-            slots = slot_mapping
         max_blocks = max((len(t) for t in block_tables), default=0)
         padded = [t + [-1] * (max_blocks - len(t)) for t in block_tables]
         host = cls(  # every tensor on the host first, then all of them moved in one copy
@@ -148,7 +142,6 @@ class PagedAttentionMetadata:
             max_context_len=max(context_lens, default=0),
             context_lens_cpu=list(context_lens),
             query_start_loc_cpu=query_start_loc,
-            skips_slots=any(slot < 0 for slot in slots),
             indices=StepIndices.build(query_start_loc, list(context_lens)),
         )
         return host if device is None else host.to(device)[0]
@@ -219,29 +212,38 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache_layer: torch.Tensor,
 
 def paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
                            max_context_len: int | None = None) -> torch.Tensor:
     """One query token per sequence over its paged context: the reference for the Triton and C++ kernels.
 
     q [num_seqs, heads, head_dim]; k/v_cache_layer [num_blocks, block_size, kv_heads, head_dim];
     block_tables [num_seqs, max_blocks] (entries past a sequence's context are ignored; -1 allowed);
-    context_lens [num_seqs]: cached tokens each sequence attends to. With k_new, v_new [num_seqs, kv_heads,
-    head_dim], each also attends to one more token not yet in the cache, after its cached ones (then a
-    context_len may be 0). The query sits after all its context: no mask but length.
-    Returns [num_seqs, heads, head_dim].
+    context_lens [num_seqs]: cached tokens each sequence attends to. The query sits after all its context:
+    no mask but length. Returns [num_seqs, heads, head_dim].
     """
-    num_seqs, num_heads, head_dim = q.shape
-    block_size, kv_heads = k_cache_layer.shape[1], k_cache_layer.shape[2]
+    k, v, visible = gather_context(k_cache_layer, v_cache_layer, block_tables, context_lens, max_context_len)
+    return attend_context(q, k, v, visible)
+
+
+def gather_context(k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor, block_tables: torch.Tensor,
+                   context_lens: torch.Tensor, max_context_len: int | None = None):
+    """Each sequence's cached K/V, gathered from its blocks: k, v [num_seqs, blocks * block_size, kv_heads,
+    head_dim], and visible [num_seqs, blocks * block_size], which marks its first context_lens tokens."""
+    block_size = k_cache_layer.shape[1]
     num_blocks = block_tables.shape[1]
     if max_context_len is not None:
         num_blocks = min(num_blocks, -(-max_context_len // block_size))
     table = block_tables[:, :num_blocks].clamp(min=0).long()  # [num_seqs, blocks]; padding -> block 0, masked below
     k = gather_blocks(k_cache_layer, table)  # [num_seqs, blocks * block_size, kv_heads, head_dim]
     v = gather_blocks(v_cache_layer, table)
-    visible = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens[:, None]  # [num_seqs, ctx]
-    if k_new is not None:  # the new token last, always visible
-        k, v = torch.cat([k, k_new[:, None]], 1), torch.cat([v, v_new[:, None]], 1)
-        visible = torch.cat([visible, visible.new_ones(num_seqs, 1)], 1)
+    visible = torch.arange(k.shape[1], device=k.device)[None, :] < context_lens[:, None]  # [num_seqs, ctx]
+    return k, v, visible
+
+
+def attend_context(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """q [num_seqs, heads, head_dim] over k, v [num_seqs, ctx, kv_heads, head_dim] where visible [num_seqs, ctx]
+    -> [num_seqs, heads, head_dim]."""
+    num_seqs, num_heads, head_dim = q.shape
+    kv_heads = k.shape[2]
     # The query heads of one KV head act as that head's queries: [num_seqs, kv_heads, group, head_dim].
     out = F.scaled_dot_product_attention(q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim),
                                          k.transpose(1, 2), v.transpose(1, 2), attn_mask=visible[:, None, None, :])
@@ -341,23 +343,17 @@ class PagedAttention:
         q = q.reshape(-1, *shape[2:])  # [num_tokens, heads, head_dim]
         k = k.reshape(-1, *k.shape[2:])  # [num_tokens, kv_heads, head_dim]
         v = v.reshape(-1, *v.shape[2:])
-        if q.shape[0] < max(md.num_tokens, md.slot_mapping.shape[0]):
-            raise ValueError(f"packed row has {q.shape[0]} tokens; metadata describes {md.num_tokens} "
-                             f"queries and {md.slot_mapping.shape[0]} slots")
+        if q.shape[0] != md.num_tokens:
+            raise ValueError(f"packed row has {q.shape[0]} tokens; metadata describes {md.num_tokens}")
         k_cache, v_cache = self.kv_cache.k_cache[layer_idx], self.kv_cache.v_cache[layer_idx]
         self.store(k, v, k_cache, v_cache)
-        out = q.new_zeros(q.shape) if q.shape[0] > md.num_tokens else torch.empty_like(q)  # padding rows: zeros
+        out = torch.empty_like(q)
         self.attend_stored(q, k, v, k_cache, v_cache, out)
         return out.view(shape)
 
     def store(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        """Write this step's K/V [num_tokens, kv_heads, head_dim] at their slots (a slot of -1: skip)."""
-        slots = self.attn_metadata.slot_mapping  # may be shorter than the row: trailing padding writes nothing
-        new_k, new_v = k[:slots.shape[0]], v[:slots.shape[0]]  # [num_slots, kv_heads, head_dim]
-        if self.attn_metadata.skips_slots:  # padding rows (a boolean index: this path reads the device once)
-            keep = slots >= 0  # [num_slots]
-            new_k, new_v, slots = new_k[keep], new_v[keep], slots[keep]
-        store_kvcache(new_k, new_v, k_cache, v_cache, slots)
+        """Write this step's K/V [num_tokens, kv_heads, head_dim] at their slots."""
+        store_kvcache(k, v, k_cache, v_cache, self.attn_metadata.slot_mapping)
 
     def attend_stored(self, q, k, v, k_cache, v_cache, out) -> None:
         """Fill out [num_tokens, heads, head_dim] with each query's attention over its sequence's stored K/V."""

@@ -22,7 +22,7 @@ from ..attention.paged import PagedKVCache
 from ..config import ModelConfig
 
 if TYPE_CHECKING:
-    from .llm_engine import EngineConfig
+    from .config import EngineConfig
 
 CPU_KV_CACHE_BYTES = 512 * 2**20  # the most a default engine reserves on the CPU
 GPU_KV_CACHE_MAX_FRACTION = 0.5  # the most a default engine reserves on CUDA: this share of the free memory
@@ -83,3 +83,10 @@ def kv_pool(config: ModelConfig, engine: EngineConfig, device: torch.device | st
 
 def _mib(num_bytes: int) -> str:
     return f"{num_bytes / 2**20:,.1f} MiB"
+
+
+def make_kv_cache(model, config: EngineConfig) -> tuple[PagedKVCache, int]:
+    """The engine's paged KV cache for `model` (`config.kv_cache_memory`, or the default budget above) and the
+    context window it serves: `config.max_model_len`, refused past the model's context or the cache, else both."""
+    num_blocks, max_model_len = kv_pool(model.config, config, model.device, model.dtype)
+    return PagedKVCache(model.config, num_blocks, config.block_size, model.device, model.dtype), max_model_len

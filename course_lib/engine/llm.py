@@ -7,54 +7,24 @@
 """
 from __future__ import annotations
 
-import dataclasses
 from contextlib import closing
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
-from ..checks import Integral, number
-from ..dtypes import check_triton_dtype, resolve_device_dtype
+from ..checks import Integral
+from ..dtypes import resolve_device_dtype
 from ..loading import load_model
 from ..model import Transformer
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer, load_tokenizer
-from .llm_engine import EngineConfig, LLMEngine
-from .speculative import SpeculativeConfig, Speculator
+from .config import EngineConfig
+from .llm_engine import LLMEngine
+from .speculative import Speculator
 from .sequence import RequestOutput
 
 Prompt = str | list[int]  # text, or token ids already encoded
-
-
-def _check_options(quantization: str | None, group_size: int, accel, compile_decode: bool,
-                   enforce_eager: bool, engine_args: dict) -> tuple[EngineConfig, int]:
-    """The engine options and the model options, checked before any weight is touched."""
-    from ..accel.plan import Plan  # a dataclass; importing it builds nothing
-
-    if not isinstance(accel, (bool, Plan)):
-        raise TypeError(f"accel must be True, False or a course_lib.accel.Plan, got {accel!r}")
-    if not isinstance(compile_decode, bool):
-        raise TypeError(f"compile_decode must be True or False, got {compile_decode!r}")
-    if not isinstance(enforce_eager, bool):
-        raise TypeError(f"enforce_eager must be True or False, got {enforce_eager!r}")
-    engine_config = EngineConfig.from_options(engine_args)  # a misspelled option fails before the model loads
-    if quantization is not None:
-        from ..quant.linear import METHODS
-
-        if quantization not in METHODS:
-            raise ValueError(f"quantization must be None or one of {METHODS}, got {quantization!r}")
-    return engine_config, number("group_size", group_size, Integral, lambda v: v >= 1, "an integer >= 1")
-
-
-def _check_extras(speculative_config, batch_invariant: bool, accel, compile_decode: bool):
-    """speculative_config as a checked `SpeculativeConfig` (or None), and batch_invariant, which needs the
-    reference engine: accel's kernels pick their own splits by the rows of a step."""
-    if not isinstance(batch_invariant, bool):
-        raise TypeError(f"batch_invariant must be True or False, got {batch_invariant!r}")
-    if batch_invariant and (accel is not False or compile_decode):
-        raise ValueError("batch_invariant=True runs the reference engine: leave accel and compile_decode off")
-    return SpeculativeConfig.from_dict(speculative_config), batch_invariant
 
 
 class LLM:
@@ -64,14 +34,15 @@ class LLM:
     32 here: the default model's GGUF weights are already 4-bit in blocks of 32, and regrouping them
     by 128 raises its perplexity (benchmarks/quantization.py).
 
-    `LLM()` is the reference engine: pure PyTorch, the same code on every machine. `accel=True` applies
-    `course_lib.accel`'s plan for this machine (fused blocks; on the CPU oneDNN packed weights and C++ kernels,
-    built here once per machine; Triton attention on CUDA): the same tokens, faster. `python -m course_lib.accel`
-    prints the plan. `compile_decode=True` also compiles the decode step with `torch.compile` when the engine
-    starts (minutes on a small CPU, in `llm.engine.stats.compile_seconds`): for benchmarks and serving.
-    On CUDA, `accel=True` also runs decode steps as CUDA graphs, one per batch-size bucket, captured when the
-    engine starts (`llm.engine.stats.cuda_graphs` graphs in `graph_capture_seconds`); `enforce_eager=True`
-    (vLLM's name) runs them eagerly instead, and leaves `compile_decode` as it is.
+    `LLM()` is the reference engine: pure PyTorch, the same code on every machine (quantized layers included).
+    `accel=True` applies `course_lib.accel`'s plan for this machine (fused blocks; on the CPU oneDNN packed
+    weights, INT8/INT4 ops and C++ kernels, built here once per machine; Triton attention and quantized kernels
+    on CUDA): the same tokens, faster. `python -m course_lib.accel` prints the plan. Two options are part of that
+    plan: `compile_decode=True` also compiles the decode step with `torch.compile` when the engine starts
+    (minutes on a small CPU, in `llm.engine.stats.compile_seconds`), for benchmarks and serving; and on CUDA,
+    where decode steps run as CUDA graphs, one per batch-size bucket, captured when the engine starts
+    (`llm.engine.stats.cuda_graphs` graphs in `graph_capture_seconds`), `enforce_eager=True` (vLLM's name)
+    runs them eagerly instead, and leaves `compile_decode` as it is.
 
     `speculative_config` (vLLM's): guess tokens and verify them in one step, e.g. {"method": "ngram",
     "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"method": "draft_model",
@@ -82,83 +53,55 @@ class LLM:
     is rank 0 and schedules, N - 1 workers are started here and stopped by `close()` (or `with LLM(...) as llm`,
     or at exit). Not with `accel` or `compile_decode`; `kv_cache_memory` is per rank.
 
-    Engine options (see `EngineConfig`): block_size, kv_cache_memory (bytes, or a fraction of free
-    GPU memory), max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len.
+    Serving options: block_size, kv_cache_memory (bytes, or a fraction of free GPU memory), max_num_seqs,
+    max_num_batched_tokens, enable_prefix_caching, max_model_len. Every option is checked once, into an
+    `EngineConfig` (`engine/config.py`), before the model loads; a misspelled one is named.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
-                 dtype: torch.dtype | str | None = None, quantization: str | None = None,
-                 group_size: int = 32, accel=False, compile_decode: bool = False, enforce_eager: bool = False,
-                 speculative_config: dict | None = None, batch_invariant: bool = False,
-                 tensor_parallel_size: int = 1, **engine_args):
-        engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, enforce_eager,
-                                                   engine_args)
-        extras = _check_extras(speculative_config, batch_invariant, accel, compile_decode)
+                 dtype: torch.dtype | str | None = None, **options):
+        config = EngineConfig.from_options(options)  # every option checked before the model loads
         device, dtype = resolve_device_dtype(device, dtype)  # the policy: course_lib.dtypes
         weights = load_model(model, device=device, dtype=dtype)
-        self._start(weights, load_tokenizer(model), engine_config, quantization, group_size, accel, compile_decode,
-                    enforce_eager, *extras, tensor_parallel_size)
+        self._start(weights, load_tokenizer(model), config)
 
     @classmethod
-    def from_model(cls, model: Transformer, tokenizer: Tokenizer, quantization: str | None = None,
-                   group_size: int = 32, accel=False, compile_decode: bool = False, enforce_eager: bool = False,
-                   speculative_config: dict | None = None, batch_invariant: bool = False,
-                   tensor_parallel_size: int = 1, **engine_args) -> "LLM":
+    def from_model(cls, model: Transformer, tokenizer: Tokenizer, **options) -> "LLM":
         """An LLM around a model already in memory (random weights of a real shape, a model built in a notebook),
         on the model's device and dtype. `accel`, `quantization`, `batch_invariant` and `tensor_parallel_size`
         change `model` in place."""
         llm = cls.__new__(cls)
-        engine_config, group_size = _check_options(quantization, group_size, accel, compile_decode, enforce_eager,
-                                                   engine_args)
-        extras = _check_extras(speculative_config, batch_invariant, accel, compile_decode)
-        llm._start(model, tokenizer, engine_config, quantization, group_size, accel, compile_decode, enforce_eager,
-                   *extras, tensor_parallel_size)
+        llm._start(model, tokenizer, EngineConfig.from_options(options))
         return llm
 
-    def _start(self, model: Transformer, tokenizer: Tokenizer, engine_config: EngineConfig,
-               quantization: str | None, group_size: int, accel, compile_decode: bool,
-               enforce_eager: bool = False, speculative: SpeculativeConfig | None = None,
-               batch_invariant: bool = False, tensor_parallel_size: int = 1) -> None:
-        if accel is not False or compile_decode or quantization is not None:  # the engine would run Triton on CUDA
-            check_triton_dtype(model.device, model.dtype)
+    def _start(self, model: Transformer, tokenizer: Tokenizer, config: EngineConfig) -> None:
         self.device, self.model, self.tokenizer = model.device, model, tokenizer
         self.accel = self.workers = None
-        tp = number("tensor_parallel_size", tensor_parallel_size, Integral, lambda v: v >= 1, "an integer >= 1")
-        if tp > 1 and batch_invariant:
-            raise ValueError("batch_invariant=True runs one process: leave tensor_parallel_size at 1")
         # The draft model comes from the weights as loaded, before accel repacks them or tp shards them.
-        speculator = Speculator(speculative, model) if speculative is not None else None
-        if tp > 1:  # shards (and quantizes) `model` as rank 0, starts ranks 1..tp-1
-            if accel is not False or compile_decode:
-                raise ValueError("tensor_parallel_size > 1 runs the reference engine: "
-                                 "leave accel and compile_decode off")
+        spec = config.speculative_config
+        speculator = Speculator(spec, model) if spec is not None else None
+        if config.tensor_parallel_size > 1:  # shards (and quantizes) `model` as rank 0, starts the other ranks
             from ..parallel import TensorParallelWorkers
 
-            self.workers = TensorParallelWorkers(model, tp, quantization, group_size)
-        elif accel is not False or compile_decode:  # the one place course_lib.accel touches the engine
-            from ..accel import Accelerator, plan_for, reference_plan
+            self.workers = TensorParallelWorkers(model, config)
+        elif config.accel is not False:  # the one place course_lib.accel touches the engine
+            from ..accel import accelerate
 
-            if accel is True:
-                plan = plan_for(model.device, model.dtype, compile_decode, cuda_graphs=not enforce_eager)
-            elif accel is False:
-                plan = reference_plan(model.device, model.dtype, compile_decode)
-            else:
-                plan = dataclasses.replace(accel, cuda_graphs=accel.cuda_graphs and not enforce_eager)
-            self.accel = Accelerator.apply(model, plan, quantization, group_size,  # fuse, quantize, pack
-                                           engine_config.max_num_seqs, engine_config.max_model_len)
-        elif quantization is not None:
+            draft = speculator.draft.model if speculator is not None and speculator.draft is not None else None
+            self.accel = accelerate(model, config, draft)  # its plan: fuse, quantize, pack
+        elif config.quantization is not None:
             from ..quant import quantize_model
 
-            quantize_model(self.model, quantization, group_size=group_size)
+            quantize_model(self.model, config.quantization, group_size=config.group_size)
         attention = None
-        if batch_invariant:
+        if config.batch_invariant:
             from ..batch_invariant import BatchInvariantAttention, make_batch_invariant
 
             make_batch_invariant(self.model)
             attention = BatchInvariantAttention
         self.config = self.model.config
         try:
-            self.engine = LLMEngine(self.model, self.tokenizer, engine_config, self.accel, speculator, attention)
+            self.engine = LLMEngine(self.model, self.tokenizer, config, self.accel, speculator, attention)
         except BaseException:
             self.close()
             raise

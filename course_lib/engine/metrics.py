@@ -1,4 +1,5 @@
-"""`RequestMetrics`: one request's timestamps, stamped live by the engine as the request moves.
+"""`RequestMetrics`: one request's timestamps, stamped live by the engine as the request moves; `EngineStats`: the
+engine's counters, step by step.
 
     arrival ──queue_time──► first_scheduled ──► first_token ──► token ──► ... ──► finished
        └─────────────── TTFT ─────────────────────┘  └─ ITL ─┘
@@ -116,3 +117,60 @@ class RequestMetrics:
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
         }
+
+
+@dataclass
+class EngineStats:
+    """Counters a serving team watches."""
+
+    steps: int = 0
+    batch_sizes: list[int] = field(default_factory=list)  # sequences per step
+    batch_tokens: list[int] = field(default_factory=list)  # tokens per step
+    prefill_tokens: int = 0  # prompt (and recomputed) tokens run through the model
+    decode_tokens: int = 0
+    preemptions: int = 0
+    partial_prefills: int = 0  # prompt chunks that did not finish their prompt (chunked prefill)
+    prefix_cache_hit_rate: float = 0.0
+    blocks_used: int = 0
+    blocks_free: int = 0
+    compile_seconds: float = 0.0  # torch.compile's time at start-up (`LLM(accel=True, compile_decode=True)`)
+    cuda_graphs: int = 0  # decode graphs captured at start-up, one per batch-size bucket (accel on CUDA)
+    graph_capture_seconds: float = 0.0
+    spec_num_drafts: int = 0  # speculative decoding: verifications of drafted tokens
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        """The share of drafted tokens the model accepted, over the engine's life."""
+        return self.spec_num_accepted_tokens / self.spec_num_draft_tokens if self.spec_num_draft_tokens else None
+
+    @property
+    def spec_mean_accepted_length(self) -> float | None:
+        """Tokens emitted per verification: accepted drafts plus the model's own token."""
+        return 1 + self.spec_num_accepted_tokens / self.spec_num_drafts if self.spec_num_drafts else None
+
+    def record_tokens(self, n: int, decode: bool, sampled: bool) -> None:
+        """A sequence's share of a step: n prompt (or recomputed) tokens, or one decode token."""
+        if decode:
+            self.decode_tokens += n
+        else:
+            self.prefill_tokens += n
+            self.partial_prefills += not sampled  # a prompt chunk that did not finish its prompt
+
+    def record_speculation(self, n: int, drafted: int, accepted: int) -> None:
+        """A sequence that verified `drafted` tokens over n positions and accepted `accepted` of them."""
+        self.decode_tokens += n
+        self.spec_num_drafts += 1
+        self.spec_num_draft_tokens += drafted
+        self.spec_num_accepted_tokens += accepted
+
+    def record_step(self, num_seqs: int, num_tokens: int, preemptions: int, block_manager) -> None:
+        """The step's batch, and the scheduler's and block manager's counters after it."""
+        self.steps += 1
+        self.batch_sizes.append(num_seqs)
+        self.batch_tokens.append(num_tokens)
+        self.preemptions = preemptions
+        self.prefix_cache_hit_rate = block_manager.prefix_cache_hit_rate
+        self.blocks_used, self.blocks_free = block_manager.num_used_blocks, block_manager.num_free_blocks
+

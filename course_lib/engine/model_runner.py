@@ -25,8 +25,8 @@ class ModelRunner:
     """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`.
 
     `accel` (a `course_lib.accel.Accelerator`, or None for the reference engine) supplies the attention backend
-    and, with `compile_decode`, a compiled step for decode-only steps (compiled here, once). `attention` overrides
-    the backend (`course_lib.batch_invariant`); `speculator` verifies drafted tokens (`engine.speculative`).
+    and a decode graph for decode-only steps (CUDA graphs, or a compiled step: made here, once). `attention`
+    overrides the backend (`course_lib.batch_invariant`); `speculator` verifies drafted tokens (`engine.speculative`).
     """
 
     def __init__(self, model: Transformer, kv_cache: PagedKVCache, accel=None, attention=None, speculator=None):
@@ -36,7 +36,7 @@ class ModelRunner:
         self.attention = attention or (PagedAttention if accel is None else accel.attention)
         self.sampler = Sampler()
         self.speculator = speculator
-        self.compiled_decode = None if accel is None else accel.decode_step(model, kv_cache)
+        self.decode_graph = None if accel is None else accel.decode_step(model, kv_cache)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[int | list[int] | None]:
@@ -52,13 +52,13 @@ class ModelRunner:
             samples.append(done)
             if done:  # its last position, or the last 1 + drafts positions when it verifies drafts
                 logits_index += range(len(ids) - 1 - seq.num_draft_tokens, len(ids))
-        if (self.compiled_decode is not None and len(ids) == len(batch.seqs) == len(logits_index)
-                and self.compiled_decode.takes(len(ids))):
+        if (self.decode_graph is not None and len(ids) == len(batch.seqs) == len(logits_index)
+                and self.decode_graph.takes(len(ids))):
             slots = [slots_for(seq.block_table, [p], self.kv_cache.block_size)[0]
                      for seq, p in zip(batch.seqs, positions)]
             input_ids, pos, slot_mapping = to_device_at_once(  # [n] each, one copy
                 [torch.tensor(ids), torch.tensor(positions), torch.tensor(slots)], device)
-            logits = self.compiled_decode(  # every sequence adds one token and samples
+            logits = self.decode_graph(  # every sequence adds one token and samples
                 input_ids, pos, [seq.block_table for seq in batch.seqs], slot_mapping)
             return self._sample(logits, batch.seqs, samples)
         meta = PagedAttentionMetadata.build(

@@ -29,20 +29,28 @@ class OutputRouter:
         self._boxes: dict[str, RequestOutput | None] = {}  # request id -> pending output (None: nothing new)
         self._claimed: set[str] = set()
 
-    def open(self, request_id: str, claimed: bool) -> None:
-        self._boxes[request_id] = None
-        if claimed:
-            self._claimed.add(request_id)
+    def open(self, request_ids: list[str], claimed: bool, in_use=()) -> None:
+        """A mailbox for each new request id; refuses them all if one is open already, in `in_use`, or twice."""
+        taken = [rid for rid in request_ids if rid in in_use or rid in self._boxes]
+        if taken or len(set(request_ids)) < len(request_ids):
+            raise ValueError(f"request id {(taken or request_ids)[0]!r} is already in use")
+        for request_id in request_ids:
+            self._boxes[request_id] = None
+            if claimed:
+                self._claimed.add(request_id)
 
     def close(self, request_id: str) -> None:
         self._boxes.pop(request_id, None)
         self._claimed.discard(request_id)
 
-    def is_open(self, request_id: str) -> bool:
-        return request_id in self._boxes
-
     def is_claimed(self, request_id: str) -> bool:
         return request_id in self._claimed
+
+    def check_claimed(self, request_ids) -> None:
+        """Refuse ids that no reader may wait on: not added to be read (`add_requests`), or finished."""
+        unknown = [rid for rid in request_ids if rid not in self._claimed]
+        if unknown:
+            raise ValueError(f"request {unknown[0]!r} was not added with add_requests() or is finished")
 
     def put(self, out: RequestOutput) -> None:
         """Leave `out` in its request's mailbox, joined to an output still waiting there."""
@@ -52,6 +60,13 @@ class OutputRouter:
         if waiting is not None:
             out = dataclasses.replace(out, delta=waiting.delta + out.delta)
         self._boxes[out.request_id] = out
+
+    def put_final(self, out: RequestOutput) -> None:
+        """An aborted request's last output: to its reader if one waits, else its mailbox just closes."""
+        if self.is_claimed(out.request_id):
+            self.put(out)
+        else:
+            self.close(out.request_id)
 
     def take(self, request_id: str) -> RequestOutput | None:
         """The request's pending output, or None; the mailbox closes once its final output is taken."""

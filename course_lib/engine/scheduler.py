@@ -10,6 +10,10 @@ Every sequence is handled the same way: it needs `len(seq) - seq.num_computed_to
 tokens computed (a whole prompt, the rest of a chunked prompt, or 1 in decode). When KV blocks
 run out, the youngest running sequence is preempted: its blocks are freed and it goes back to
 the front of the queue, to be recomputed (prompt + what it generated) when memory allows.
+
+After the step, `update_from_output` (vLLM v1's name) is the one place a step's results land: computed tokens
+counted, sampled tokens appended (each through the stop checks), verified drafts accepted or rejected,
+finished sequences freed.
 """
 from __future__ import annotations
 
@@ -17,7 +21,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
-from .sequence import Sequence, SequenceStatus
+from .metrics import EngineStats
+from .sequence import RequestOutput, Sequence, SequenceStatus
+from .speculative import accept_drafts
 
 
 @dataclass
@@ -125,3 +131,25 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)  # a waiting (never run or preempted) sequence holds none: a no-op
+
+    def update_from_output(self, batch: ScheduledBatch, tokens: list[int | list[int] | None],
+                           stats: EngineStats) -> list[RequestOutput]:
+        """Apply a step's results (`ModelRunner.run`: a token, None mid-prompt, or the tokens verified drafts
+        give) to its sequences; returns an output for each sequence that got tokens, finished ones freed."""
+        outputs = []
+        for seq, n, token in zip(batch.seqs, batch.num_tokens, tokens):
+            if isinstance(token, list):  # verified drafts: the tokens they give, at once
+                stats.record_speculation(n, *accept_drafts(seq, token, self.block_manager))
+            else:
+                stats.record_tokens(n, decode=seq.num_computed_tokens >= seq.num_prompt_tokens and n == 1,
+                                    sampled=token is not None)
+                seq.num_computed_tokens += n
+                self.block_manager.cache_full_blocks(seq, seq.num_computed_tokens)
+                if token is None:
+                    continue  # a prompt chunk: nothing to sample yet
+                seq.append_token(token)
+            outputs.append(seq.output(seq.take_delta()))  # before a finish frees the blocks (and num_cached_tokens)
+            if seq.is_finished:
+                self.finish(seq)
+        stats.record_step(len(batch), batch.total_tokens, self.num_preemptions, self.block_manager)
+        return outputs

@@ -20,6 +20,10 @@ Sampled requests use the rule of Leviathan et al. and Chen et al. (2023): accept
 min(1, p(x) / q(x)), where p is the target's distribution and q the draft's; at the first rejection sample from
 max(0, p - q), renormalised. Each emitted token is then distributed exactly as p (`accept_or_resample`).
 Prompt lookup has no q: its q is all on the proposed token.
+
+The engine meets speculation at three points, all here: `Speculator.schedule` (drafts before the scheduler's
+step, trimmed to what it computes), `Speculator.verify` (the model runner's verdict on the logits), and
+`accept_drafts` (the scheduler's update after the step).
 """
 from __future__ import annotations
 
@@ -125,6 +129,23 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor | None, drafts: list[int
     return out
 
 
+def accept_drafts(seq, tokens: list[int], block_manager) -> tuple[int, int]:
+    """A sequence that verified its drafts: keep the K/V of its last token and of the accepted drafts, append
+    the tokens (each through the stop checks), give back the blocks the rejected drafts held.
+    Returns (tokens drafted, tokens accepted)."""
+    drafts = seq.drop_drafts()
+    accepted = len(tokens) - 1  # the tokens are the accepted drafts and one of the model's own
+    seq.metrics.record_speculation(len(drafts), accepted)
+    seq.num_computed_tokens += 1 + accepted
+    for token in tokens:
+        seq.append_token(token)
+        if seq.is_finished:
+            break
+    block_manager.cache_full_blocks(seq, seq.num_computed_tokens)
+    block_manager.trim(seq)
+    return len(drafts), accepted
+
+
 class DraftModel:
     """A small model that drafts token by token, with a contiguous KV cache per request (batch 1).
 
@@ -139,13 +160,13 @@ class DraftModel:
 
     @classmethod
     def from_target(cls, target: Transformer, quantization: str | None) -> "DraftModel":
-        """The target itself, quantized (a copy: the target keeps its weights)."""
-        from ..quant import quantize_model
+        """The target itself, quantized: a copy that shares the target's embedding and norms, and costs only its
+        codes and scales (unquantized: a whole copy)."""
+        from ..quant import quantized_copy
 
-        draft = copy.deepcopy(target)
-        if quantization is not None:
-            quantize_model(draft, quantization, group_size=32)  # as LLM(quantization=...) groups them
-        return cls(draft)
+        if quantization is None:
+            return cls(copy.deepcopy(target))
+        return cls(quantized_copy(target, quantization, group_size=32))  # as LLM(quantization=...) groups them
 
     @torch.inference_mode()
     def propose(self, request_id: str, token_ids: list[int], k: int, capacity: int, sample_probs=None,
@@ -253,6 +274,13 @@ class Speculator:
         if seq.params.greedy:
             return greedy_accept(processed.argmax(-1).tolist(), drafts)
         return accept_or_resample(processed.softmax(-1), q, drafts, generator)
+
+    def schedule(self, scheduler, sampler, device: torch.device):
+        """The scheduler's next batch, decoding sequences carrying the drafts it computes (a `ScheduledBatch`)."""
+        proposed = self.add_drafts(scheduler.running, sampler, device)
+        batch = scheduler.schedule()  # gives the drafts slots
+        self.fit_drafts(batch, proposed, scheduler.block_manager)
+        return batch
 
     def add_drafts(self, running: list, sampler, device: torch.device) -> list:
         """Before a step: put drafts after the last token of every running sequence that is decoding (its tokens

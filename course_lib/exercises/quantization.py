@@ -212,7 +212,7 @@ def _layer_shapes(config: ModelConfig) -> list[tuple[int, int]]:
     return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
 
 
-def _engine_bytes(config: ModelConfig, method: str, group_size: int, backend: str) -> int:
+def _engine_bytes(config: ModelConfig, method: str, group_size: int) -> int:
     """Bytes of the linear layers as the engine stores them: one QuantLinear per distinct shape, times its count."""
     from ..evaluation import linear_weight_bytes
     from ..quant import QuantLinear
@@ -224,7 +224,7 @@ def _engine_bytes(config: ModelConfig, method: str, group_size: int, backend: st
         linear = torch.nn.Linear(shape[1], shape[0], bias=False)
         with torch.no_grad():
             linear.weight.copy_(torch.randn(shape, generator=g))
-        layer = linear if method == "float32" else QuantLinear.from_linear(linear, method, group_size, backend)
+        layer = linear if method == "float32" else QuantLinear.from_linear(linear, method, group_size)
         total += shapes.count(shape) * linear_weight_bytes(torch.nn.ModuleList([layer]))
     return total * config.num_layers
 
@@ -279,7 +279,7 @@ def _tiny_config(hidden: int, intermediate: int, layers: int = 2) -> ModelConfig
                        num_heads=4, num_kv_heads=2, tie_word_embeddings=True, max_position_embeddings=64)
 
 
-def _whole_model_bytes(config: ModelConfig, method: str, group_size: int, backend: str) -> int:
+def _whole_model_bytes(config: ModelConfig, method: str, group_size: int) -> int:
     """linear_weight_bytes of a real tiny Transformer after quantize_model: the engine's own accounting."""
     from ..evaluation import linear_weight_bytes
     from ..model import Transformer
@@ -288,7 +288,7 @@ def _whole_model_bytes(config: ModelConfig, method: str, group_size: int, backen
     torch.manual_seed(0)
     model = Transformer(config).eval()
     if method != "float32":
-        model = quantize_model(copy.deepcopy(model), method, group_size=group_size, backend=backend)
+        model = quantize_model(copy.deepcopy(model), method, group_size=group_size)
     return linear_weight_bytes(model)
 
 
@@ -299,29 +299,19 @@ SMOLLM2_135M = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=
 def check_quantized_linear_bytes(fn: Callable, config: ModelConfig | None = None) -> bool:
     """fn(config, method, group_size, scale_bytes) -> bytes of all linear layers but lm_head.
 
-    method "float32" | "int8" | "int4"; scale_bytes: bytes of each stored scale or min (4 for the
-    portable float32 layout of the "torch"/"triton" backends, 2 for the "cpu" backend's bfloat16).
+    method "float32" | "int8" | "int4"; scale_bytes: bytes of each stored scale or min (4: `QuantLinear`'s float32).
     """
-    from ..quant.linear import cpu_backend_problem
-
     big = config or SMOLLM2_135M
     a, padded = _tiny_config(64, 160), _tiny_config(96, 192)
-    plans = [  # (description, config, method, group, scale_bytes, backend, whole model?)
-        ("float32, a tiny 2-layer model", a, "float32", 32, 4, "torch", True),
-        ("int8, float32 scales, the tiny model", a, "int8", 32, 4, "torch", True),
-        ("int4 groups of 32, float32 scale + min, the tiny model", a, "int4", 32, 4, "torch", True),
-        ("int4 groups of 64 on 96 inputs (padded to 128)", padded, "int4", 64, 4, "torch", True),
-        (f"int4 groups of 128, {big.name or 'the given config'}", big, "int4", 128, 4, "torch", False),
+    plans = [  # (description, config, method, group, scale_bytes, whole model?)
+        ("float32, a tiny 2-layer model", a, "float32", 32, 4, True),
+        ("int8, float32 scales, the tiny model", a, "int8", 32, 4, True),
+        ("int4 groups of 32, float32 scale + min, the tiny model", a, "int4", 32, 4, True),
+        ("int4 groups of 64 on 96 inputs (padded to 128)", padded, "int4", 64, 4, True),
+        (f"int4 groups of 128, {big.name or 'the given config'}", big, "int4", 128, 4, False),
     ]
-    cpu_ok = all(cpu_backend_problem(m, k, o, gs) is None for m, gs in (("int8", 32), ("int4", 32))
-                 for o, k in _layer_shapes(big))
-    if cpu_ok:
-        plans += [(f"int8 with bfloat16 scales (CPU backend), {big.name or 'the given config'}", big, "int8", 32, 2,
-                   "cpu", False),
-                  (f"int4 groups of 32, bfloat16 scale + zero (CPU backend), {big.name or 'the given config'}", big,
-                   "int4", 32, 2, "cpu", False)]
     cases = []
-    for desc, cfg, method, gs, sb, backend, whole in plans:
-        expected = (_whole_model_bytes if whole else _engine_bytes)(cfg, method, gs, backend)
+    for desc, cfg, method, gs, sb, whole in plans:
+        expected = (_whole_model_bytes if whole else _engine_bytes)(cfg, method, gs)
         cases.append(Case(desc, (cfg, method, gs, sb), _bytes_verify(cfg, method, gs, sb, expected)))
     return run_checks("quantized_linear_bytes", fn, cases)

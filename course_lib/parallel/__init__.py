@@ -5,7 +5,8 @@
     LLM(tensor_parallel_size=3)               # rank 0 here, ranks 1..2 spawned (gloo on the CPU, NCCL on CUDA)
     torchrun --nproc-per-node 3 -m course_lib.parallel   # the same split, every rank launched by torchrun
 """
-from .accounting import comm_per_token, rank_weight_bytes, weight_bytes
+from ..profiling.memory import weight_bytes
+from .accounting import comm_per_token, rank_weight_bytes
 from .layers import CommStats, RowParallelLinear, VocabParallelEmbedding, VocabParallelLMHead
 from .links import LINKS, Link, all_reduce_seconds, measure_all_reduce, ring_all_reduce_seconds
 from .shard import TPShard, plan_shard, rank_config, shard_model

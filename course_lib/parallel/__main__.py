@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from ..config import ModelConfig
 from ..model import Transformer
-from .accounting import comm_per_token, weight_bytes
+from ..profiling.memory import weight_bytes
+from .accounting import comm_per_token
 from .shard import shard_model
 
 

@@ -12,20 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from ..config import ModelConfig
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the parameters and buffers a model (one rank's share) holds; shared tensors counted once."""
-    seen, total = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        key = (t.untyped_storage().data_ptr(), t.device)
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ NCCL picks other algorithms (trees, NVLink SHARP) where they are faster; the rin
 """
 from __future__ import annotations
 
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -18,6 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from ..host import free_port
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,6 @@ def all_reduce_seconds(nbytes: float, tp: int, link: Link, calls: int = 1, laten
     return calls * (latency + ring_all_reduce_seconds(nbytes, tp, link))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _time_all_reduce(rank: int, world: int, addr: str, sizes: list[int], repeats: int, out) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=addr, rank=rank, world_size=world, timeout=timedelta(seconds=60))
@@ -96,7 +91,7 @@ def measure_all_reduce(sizes: list[int], world_size: int = 2, repeats: int = 20)
     """Median seconds of one gloo all-reduce of each size in bytes, between `world_size` processes here."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    addr = f"tcp://127.0.0.1:{_free_port()}"
+    addr = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_time_all_reduce, args=(r, world_size, addr, list(sizes), repeats, out), daemon=True)
              for r in range(world_size)]
     for p in procs:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import socket
 import time
 import weakref
 from datetime import timedelta
@@ -27,36 +26,33 @@ import torch.multiprocessing as mp
 
 from ..attention.paged import PagedAttention, PagedKVCache
 from ..config import ModelConfig
+from ..engine.config import EngineConfig
+from ..host import free_port
 from ..model import Transformer
-from .accounting import weight_bytes
+from ..profiling.memory import weight_bytes
 from .shard import plan_shard, shard_model
 
 IDLE = timedelta(days=365)  # workers wait for the next step on the control group as long as rank 0 lives
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _device_for(device: torch.device, rank: int) -> torch.device:
     return torch.device("cuda", rank) if device.type == "cuda" else device
 
 
-def _prepare(model: Transformer, rank: int, tp: int, quantization: str | None, group_size: int) -> Transformer:
+def _prepare(model: Transformer, rank: int, engine: EngineConfig) -> Transformer:
     """Shard, then quantize the slices (each rank quantizes only what it holds)."""
-    shard_model(model, rank, tp)
-    if quantization is not None:
+    shard_model(model, rank, engine.tensor_parallel_size)
+    if engine.quantization is not None:
         from ..quant import quantize_model
 
-        quantize_model(model, quantization, group_size=group_size)
+        quantize_model(model, engine.quantization, group_size=engine.group_size)
     return model.eval()
 
 
-def _worker(rank: int, tp: int, addr: str, backend: str, config: ModelConfig, dtype: torch.dtype, device: str,
-            state: dict, quantization: str | None, group_size: int, ready, timeout_s: float) -> None:
+def _worker(rank: int, addr: str, backend: str, config: ModelConfig, dtype: torch.dtype, device: str, state: dict,
+            engine: EngineConfig, ready, timeout_s: float) -> None:
     """Ranks 1..N-1: build and shard the model, then run every forward rank 0 broadcasts until it says stop."""
+    tp = engine.tensor_parallel_size
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 stops us
     try:
         device = _device_for(torch.device(device), rank)
@@ -67,7 +63,7 @@ def _worker(rank: int, tp: int, addr: str, backend: str, config: ModelConfig, dt
         model = Transformer(config).to(device=device, dtype=dtype)
         model.load_state_dict(state)
         del state
-        _prepare(model, rank, tp, quantization, group_size)
+        _prepare(model, rank, engine)
         ready.put((rank, weight_bytes(model), None))
     except BaseException as e:  # noqa: BLE001 - rank 0 reports it
         ready.put((rank, 0, f"{type(e).__name__}: {e}"))
@@ -95,8 +91,10 @@ def _worker(rank: int, tp: int, addr: str, backend: str, config: ModelConfig, dt
 class TensorParallelWorkers:
     """Rank 0's handle on ranks 1..N-1: starts them, sends each forward, reports a dead one, stops them."""
 
-    def __init__(self, model: Transformer, tp: int, quantization: str | None = None, group_size: int = 32,
-                 timeout_s: float = 60.0, start_timeout_s: float = 600.0):
+    def __init__(self, model: Transformer, engine: EngineConfig, timeout_s: float = 60.0,
+                 start_timeout_s: float = 600.0):
+        """`engine`: the LLM's options (`tensor_parallel_size` ranks, `quantization` and `group_size` on each)."""
+        tp = engine.tensor_parallel_size
         plan_shard(model.config, 0, tp)  # a head count that does not split fails here, before any process starts
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group already exists in this process: close the "
@@ -104,17 +102,17 @@ class TensorParallelWorkers:
         self.tp, self.closed = tp, False
         device = model.device
         backend = "nccl" if device.type == "cuda" else "gloo"
-        addr = f"tcp://127.0.0.1:{_free_port()}"
+        addr = f"tcp://127.0.0.1:{free_port()}"
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # to the workers in shared memory
         ctx = mp.get_context("spawn")
         ready = ctx.Queue()
         self.procs = [ctx.Process(target=_worker, daemon=True, name=f"tp-rank{r}",
-                                  args=(r, tp, addr, backend, model.config, model.dtype, str(device), state,
-                                        quantization, group_size, ready, timeout_s)) for r in range(1, tp)]
+                                  args=(r, addr, backend, model.config, model.dtype, str(device), state, engine,
+                                        ready, timeout_s)) for r in range(1, tp)]
         for p in self.procs:
             p.start()
         del state
-        self.model = _prepare(model, 0, tp, quantization, group_size)
+        self.model = _prepare(model, 0, engine)
         self.weight_bytes = {0: weight_bytes(model)}
         deadline = time.monotonic() + start_timeout_s
         while len(self.weight_bytes) < tp:  # poll, so a worker that dies while loading is reported, not awaited

@@ -15,21 +15,21 @@
     devices    DeviceSpec (memory, bandwidth, FLOP/s per dtype, source), DEVICES (datasheets), DeviceSpec.measure()
     formats    WeightFormat (bits a weight per kind of layer, what runs it, source), FORMATS, find_format;
                file_bits (bits a parameter over a whole file), LLAMA_31_8B_FILES (llama.cpp's published files)
-    estimate   plan -> Plan: weights, KV cache, activations, fits, max users, TTFT, TPOT, tokens/s
+    estimate   plan -> DeploymentPlan: weights, KV cache, activations, fits, max users, TTFT, TPOT, tokens/s
     multi_gpu  split_plan, devices_needed: the same plan over tp devices (tensor parallelism, chapter 13)
     validate   the plan against the engine on this machine (predicted vs measured), calibrate
 """
 from .devices import DEVICES, THIS_MACHINE, DeviceSpec, find_device
 from .estimate import (BANDWIDTH_FRACTION, DECODE_FLOPS_FRACTION, FRACTIONS, GPU_FRACTIONS, MEMORY_UTILIZATION,
-                       PREFILL_FLOPS_FRACTION, Fractions, Plan, WeightMemory, default_fractions, file_bits, plan,
-                       weight_memory)
+                       PREFILL_FLOPS_FRACTION, DeploymentPlan, Fractions, WeightMemory, default_fractions, file_bits,
+                       plan, weight_memory)
 from .formats import FORMATS, LLAMA_31_8B_FILES, WeightFormat, find_format
 from .multi_gpu import SplitPlan, devices_needed, split_plan, valid_tp_sizes
 from .presets import DEFAULT_MODEL, PRESETS, load_config
 
 __all__ = ["DEVICES", "THIS_MACHINE", "DeviceSpec", "find_device", "BANDWIDTH_FRACTION", "PREFILL_FLOPS_FRACTION",
            "DECODE_FLOPS_FRACTION", "FRACTIONS", "GPU_FRACTIONS", "Fractions", "default_fractions",
-           "MEMORY_UTILIZATION", "Plan", "WeightMemory", "plan", "weight_memory", "file_bits",
+           "MEMORY_UTILIZATION", "DeploymentPlan", "WeightMemory", "plan", "weight_memory", "file_bits",
            "FORMATS", "LLAMA_31_8B_FILES", "WeightFormat", "find_format",
            "DEFAULT_MODEL", "PRESETS", "load_config",
            "SplitPlan", "devices_needed", "split_plan", "valid_tp_sizes"]

@@ -35,7 +35,7 @@ from ..model import Transformer
 from ..profiling.flops import StepCost, decode_cost, prefill_cost
 from ..profiling.memory import GiB, activation_bytes, bytes_per_value, weight_bytes
 from ..profiling.roofline import weights_read
-from ..quant.linear import QuantLinear, cpu_backend_problem
+from ..quant.linear import QuantLinear
 from .devices import DeviceSpec, find_device
 from .formats import WeightFormat, find_format
 from .presets import load_config
@@ -87,7 +87,7 @@ WEIGHT_BITS = {None: None, 8: "int8", 4: "int4"}  # weight_bits -> `QuantLinear`
 
 
 @dataclass
-class Plan:
+class DeploymentPlan:
     """Memory, speed and capacity of one model on one device, each figure with the formula it came from."""
 
     model: str
@@ -201,12 +201,11 @@ def file_bits(config, weight_format: str | WeightFormat) -> float:
 
 
 def weight_memory(config: ModelConfig, dtype: torch.dtype | str = torch.bfloat16, weight_bits: int | None = None,
-                  group_size: int = 32, kind: str = "gpu", weight_format: str | WeightFormat | None = None
-                  ) -> WeightMemory:
+                  group_size: int = 32, weight_format: str | WeightFormat | None = None) -> WeightMemory:
     """The weights' bytes, from the engine's own modules built on the meta device (no memory).
 
     Quantized (`weight_bits` 8 or 4): every linear layer but `lm_head` becomes a `QuantLinear`, as
-    `quantize_model` does, in the layout of the backend the engine would use on that `kind` of device;
+    `quantize_model` does, in its portable layout (codes, float32 scales and mins);
     embeddings, norms and `lm_head` stay in `dtype`. A `weight_format` ("q4_k_m", "awq", ...) instead counts
     each parameter at the bits that format stores it in (`formats.FORMATS`), as a checkpoint file holds them.
     """
@@ -222,13 +221,8 @@ def weight_memory(config: ModelConfig, dtype: torch.dtype | str = torch.bfloat16
         return _format_memory(model, find_format(weight_format))
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"]
     for name, linear in linears if method is not None else []:
-        # quantize_model's choice on that device: the CPU's packed layout where the op takes the shape
-        # (`cpu_backend_problem`), else the portable layout ("torch" and "triton" share it)
-        fits_cpu = kind == "cpu" and cpu_backend_problem(method, linear.in_features, linear.out_features,
-                                                         group_size) is None
         model.set_submodule(name, QuantLinear(linear.in_features, linear.out_features, method, group_size,
-                                              linear.bias is not None, "cpu" if fits_cpu else "torch", "meta",
-                                              linear.weight.dtype))
+                                              linear.bias is not None, "meta", linear.weight.dtype))
     first = model.get_submodule(linears[0][0])  # q_proj of layer 0, float or quantized
     per_weight = weight_bytes(first) / (first.in_features * first.out_features)  # its bias (if any) is negligible
     return WeightMemory(weight_bytes(model), weights_read(model), per_weight)
@@ -261,7 +255,7 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
          concurrency: int = 1, prompt_len: int | None = None, group_size: int = 32,
          bandwidth_fraction: float | None = None, prefill_flops_fraction: float | None = None,
          decode_flops_fraction: float | None = None, memory_utilization: float = MEMORY_UTILIZATION,
-         weight_format: str | WeightFormat | None = None) -> Plan:
+         weight_format: str | WeightFormat | None = None) -> DeploymentPlan:
     """Plan serving `config` on `device` for `concurrency` users holding `context_len` tokens each.
 
     config: a `ModelConfig`, a `config.json` dict, a preset name or a path (`load_config`); device: a
@@ -297,11 +291,11 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
     dt = dtype_name(dtype or dev.default_dtype)
     peak = dev.peak_flops(dt)
 
-    weights, read, per_weight = weight_memory(cfg, dt, weight_bits, group_size, dev.kind, fmt)
+    weights, read, per_weight = weight_memory(cfg, dt, weight_bits, group_size, fmt)
     per_token = cfg.kv_bytes_per_token(dt)
     chunk = min(prompt_len, EngineConfig.max_num_batched_tokens)  # the engine prefills in steps of this many
     acts = activation_bytes(cfg, chunk, dtype=dt, logits_tokens=1)
-    usable = int(dev.memory_bytes * memory_utilization)  # also Plan.usable_bytes
+    usable = int(dev.memory_bytes * memory_utilization)  # also DeploymentPlan.usable_bytes
     max_users = max(0, (usable - weights - acts) // (per_token * context_len))
 
     def seconds(cost: StepCost, flops_fraction: float) -> tuple[float, str]:
@@ -343,8 +337,9 @@ def plan(config: ModelConfig | Mapping[str, Any] | str | Path, device: DeviceSpe
         "tokens/s per user": "1 / TPOT",
         "tokens/s in total": f"{_users(concurrency)} / TPOT",
     }
-    return Plan(model=cfg.name or "model", device=dev.name, dtype=dt, weights=kind, context_len=context_len,
-                concurrency=concurrency, prompt_len=prompt_len, weight_bytes=weights, kv_bytes_per_token=per_token,
-                activation_bytes=acts, memory_bytes=dev.memory_bytes, memory_utilization=memory_utilization,
-                max_concurrency=int(max_users), ttft_s=ttft, tpot_s=tpot, formulas=formulas,
-                weight_format=None if fmt is None else fmt.name, fractions=used)
+    return DeploymentPlan(model=cfg.name or "model", device=dev.name, dtype=dt, weights=kind, context_len=context_len,
+                          concurrency=concurrency, prompt_len=prompt_len, weight_bytes=weights,
+                          kv_bytes_per_token=per_token, activation_bytes=acts, memory_bytes=dev.memory_bytes,
+                          memory_utilization=memory_utilization, max_concurrency=int(max_users), ttft_s=ttft,
+                          tpot_s=tpot, formulas=formulas, weight_format=None if fmt is None else fmt.name,
+                          fractions=used)

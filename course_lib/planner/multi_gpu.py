@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .estimate import Plan, plan
+from .estimate import DeploymentPlan, plan
 from .presets import load_config
 
 
@@ -27,7 +27,7 @@ class SplitPlan:
     kv_bytes: int  # per device, for every user's context
     activation_bytes: int  # per device: every rank runs the same tokens
     usable_bytes: int  # per device
-    whole: Plan  # the one-device plan the shares come from
+    whole: DeploymentPlan  # the one-device plan the shares come from
 
     @property
     def per_device_bytes(self) -> int:

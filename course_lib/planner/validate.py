@@ -103,7 +103,7 @@ def measure_round(llm, prompt_tokens: int = 512, concurrency: int = 16, decode_t
                   repeats: int = 3, **fractions) -> list[dict]:
     """Each figure measured once, right after this machine's ceilings, next to the plan's prediction from them
     (`fractions`: plan's bandwidth_fraction, prefill_flops_fraction, decode_flops_fraction; default: plan's).
-    Each row keeps its `Plan`, whose formulas show the arithmetic."""
+    Each row keeps its `DeploymentPlan`, whose formulas show the arithmetic."""
     cfg, device, dtype = llm.model.config, llm.model.device, dtype_name(llm.model.dtype)
     tag = random.getrandbits(30)  # fresh prompts: a prompt seen before would be answered by the prefix cache
     rows = []

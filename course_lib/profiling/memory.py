@@ -54,12 +54,12 @@ def as_model_config(config: ConfigLike) -> ModelConfig:
 def weight_bytes(module: nn.Module) -> int:
     """Bytes of a module's parameters and buffers, each shared (tied) tensor counted once.
 
-    A oneDNN-packed weight (`course_lib.accel.linear.PackedLinear`) has no storage to read: it counts
-    as its logical size, shared with nothing."""
+    A tensor with no storage to read (on the meta device, or in an opaque layout) counts as its logical
+    size, shared with nothing."""
     seen: set[tuple[int, int]] = set()
     total = 0
     for t in [*module.parameters(), *module.buffers()]:
-        opaque = t.device.type == "meta" or t.is_mkldnn
+        opaque = t.device.type == "meta" or t.layout != torch.strided
         key = (id(t), 0) if opaque else (t.untyped_storage().data_ptr(), t.storage_offset())
         if key not in seen:
             seen.add(key)

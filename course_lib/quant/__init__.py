@@ -3,9 +3,8 @@
     from course_lib.quant import quantize_model
     model = quantize_model(course_lib.load_model(), "int4", group_size=128)
 
-`triton_kernels` is not imported here: importing triton decides, once, whether its kernels run
-on a GPU or in the interpreter (TRITON_INTERPRET=1); `QuantLinear` imports it when it first
-runs on CUDA.
+`QuantLinear` is pure PyTorch (dequantize, then multiply). The kernels that multiply the codes directly
+(oneDNN on the CPU, Triton on CUDA) are `course_lib.accel`'s, for `LLM(accel=True)`.
 """
 from . import gguf_blocks, int4, int8
 from .linear import QuantLinear, quantize_model, quantized_copy

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -17,6 +16,8 @@ import time
 import httpx
 import uvicorn
 from fastapi import FastAPI
+
+from ..host import free_port
 
 
 def wait_until_healthy(base_url: str, process: subprocess.Popen | None = None, timeout: float = 120,
@@ -50,13 +51,6 @@ def stop_gracefully(process: subprocess.Popen) -> None:
     """Ask a `python -m course_lib.serve` process to finish its open requests and exit, as Ctrl-C in its terminal
     would: SIGINT on Linux and macOS, Ctrl-Break on Windows (start it with `**SERVER_PROCESS_OPTIONS` there)."""
     process.send_signal(signal.CTRL_BREAK_EVENT if os.name == "nt" else signal.SIGINT)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class BackgroundServer:

@@ -1,7 +1,7 @@
 """Client-side serving benchmark against any OpenAI-compatible server (this one, vLLM, TGI, llama.cpp).
 
     python -m course_lib.serve.bench --base-url http://127.0.0.1:8000 --concurrency 4 --num-requests 32 \\
-        --json bench.json --plot bench.png
+        --json bench.json
 
 `--num-requests` streaming chat requests, at most `--concurrency` in flight, each asking for
 `--max-tokens` tokens (`ignore_eos`, a vLLM field, keeps the lengths equal where the server knows it).
@@ -154,7 +154,6 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--api-key", default="none")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--json", default=None, help="write the summary and every request's record here")
-    ap.add_argument("--plot", default=None, help="save a CDF plot of TTFT, TPOT and ITL here (PNG)")
     args = ap.parse_args(argv)
     if args.concurrency < 1 or args.num_requests < 1:
         ap.error("--concurrency and --num-requests must be >= 1")
@@ -168,15 +167,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"args": vars(args), "summary": summary, "records": [asdict(r) for r in records]}, f, indent=1)
-    if args.plot:
-        from ..viz.profiling import plot_latency_cdf
-
-        ok = [r for r in records if r.error is None]
-        ax = plot_latency_cdf({"TTFT": [r.ttft for r in ok if r.ttft is not None],
-                               "TPOT": [r.tpot for r in ok if r.tpot is not None],
-                               "ITL": [g for r in ok for g in r.itl]},
-                              title=f"{model}, concurrency {args.concurrency} (client side)")
-        ax.figure.savefig(args.plot, dpi=120, bbox_inches="tight")
     return summary
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
-from ..planner import DEVICES, FORMATS, PRESETS, THIS_MACHINE, DeviceSpec, Plan, find_device, plan
+from ..planner import DEVICES, FORMATS, PRESETS, THIS_MACHINE, DeploymentPlan, DeviceSpec, find_device, plan
 from ..profiling.memory import GiB
 from .kv_cache import plot_stacked_bars
 
@@ -23,12 +23,12 @@ QUANTIZATION: dict[str, dict] = {"none": {}, "int8": {"weight_bits": 8}, "int4":
                                  **{name: {"weight_format": name} for name in FORMATS}}
 
 
-def plot_memory_plan(plans: Plan | Mapping[str, Plan], title: str | None = None) -> Figure:
+def plot_memory_plan(plans: DeploymentPlan | Mapping[str, DeploymentPlan], title: str | None = None) -> Figure:
     """One horizontal bar per plan, split into weights, KV cache and activations (GiB), with a red line where
     the device's memory ends and a dashed one where the usable part ends (`plot_stacked_bars`). All plans must
     share a device; each bar's label says whether it fits."""
-    plans = {f"{plans.weights}, {plans.concurrency} x {plans.context_len:,}": plans} if isinstance(plans, Plan) \
-        else dict(plans)
+    one = isinstance(plans, DeploymentPlan)
+    plans = {f"{plans.weights}, {plans.concurrency} x {plans.context_len:,}": plans} if one else dict(plans)
     first = next(iter(plans.values()))
     if any(p.memory_bytes != first.memory_bytes for p in plans.values()):
         raise ValueError("plot_memory_plan draws one device's memory line: give it plans for the same device")
@@ -42,7 +42,7 @@ def plot_memory_plan(plans: Plan | Mapping[str, Plan], title: str | None = None)
 
 
 def planner_view(model: str, quantization: str, device: str | DeviceSpec, context: int, users: int,
-                 measured: dict[str, DeviceSpec] | None = None) -> tuple[Plan, Figure]:
+                 measured: dict[str, DeviceSpec] | None = None) -> tuple[DeploymentPlan, Figure]:
     """The plan for the widget's choices and its memory chart. `device` THIS_MACHINE is measured once and kept
     in `measured` (pass the same dict each call); the dtype is the device's own (float32 on a CPU), plan's default."""
     if isinstance(device, str) and device == THIS_MACHINE:

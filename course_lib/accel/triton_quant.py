@@ -58,7 +58,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import int4, int8
+from ..quant import int4, int8
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SPLIT_K_MAX_ROWS = 16  # up to this many rows a step is decode-like: one row tile, split K
