@@ -208,15 +208,15 @@ def measure_w4a8_rows(ops, megabytes: int = 48, rounds: int = 3) -> int:
     """The largest row count of `W4A8_ROWS` up to which the W4A8 kernel multiplies the default model's layer shapes
     (`megabytes` of INT4 weights, more than the caches hold, at few rows) at least as fast as PyTorch's INT4 op
     (bfloat16 x), the two taking turns; 0 if not at one row. Seconds."""
-    from ..quant.linear import cpu_backend_problem
+    from .quant_linear import onednn_problem, use_quant_kernels
     from .w4a8 import W4A8PackedLinear
 
-    if cpu_backend_problem("int4", 576, 576, 32):  # nothing to compare with: the kernel serves every decode row
+    if onednn_problem("int4", 576, 576, 32):  # nothing to compare with: the kernel serves every decode row
         return W4A8_ROWS[-1]
     per_layer = sum(n * k for n, k in LAYER_SHAPES) * 5 // 8  # Q4_1: 5 bits a weight
     generator = torch.Generator().manual_seed(0)
-    layers = [W4A8PackedLinear(torch.nn.Linear(k, n, bias=False), ops, W4A8_ROWS[-1])
-              for n, k in LAYER_SHAPES * max(1, megabytes * 2**20 // per_layer)]
+    layers = [use_quant_kernels(W4A8PackedLinear(torch.nn.Linear(k, n, bias=False), ops, W4A8_ROWS[-1]), "onednn")
+              for n, k in LAYER_SHAPES * max(1, megabytes * 2**20 // per_layer)]  # fallback: the INT4 op
     best = 0
     for rows in W4A8_ROWS:
         used = layers[:len(LAYER_SHAPES) * (1 if rows >= 64 else len(layers))]  # compute-bound: a few layers
