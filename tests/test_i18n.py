@@ -98,6 +98,44 @@ def test_the_counter_leaves_out_code_formulas_links_and_html():
     assert i18n.looks_english(mixed)
 
 
+# --- the Chinese README and teacher's kit -------------------------------------------------------------------------
+README, README_ZH = i18n.ROOT / "README.md", i18n.ROOT / f"README.{LANG}.md"
+KIT, KIT_ZH = i18n.NOTEBOOKS / "README.md", i18n.NOTEBOOKS / LANG / "README.md"
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def test_the_readmes_link_each_other_in_their_first_line():
+    assert f"(README.{LANG}.md)" in README.read_text(encoding="utf-8").splitlines()[0]
+    assert "(README.md)" in README_ZH.read_text(encoding="utf-8").splitlines()[0]
+    assert "(zh/README.md)" in KIT.read_text(encoding="utf-8").splitlines()[0]
+    assert "(../README.md)" in KIT_ZH.read_text(encoding="utf-8").splitlines()[0]
+
+
+def test_the_chinese_readme_names_each_chapter_by_its_title_and_links_it():
+    """A chapter's title is the same in the README's table and in the chapter's own heading."""
+    readme = README_ZH.read_text(encoding="utf-8")
+    for chapter in (p for p in ENGLISH if p.parent == i18n.NOTEBOOKS):
+        zh = i18n.edition_path(chapter, LANG)
+        heading = i18n.cell_source(markdown(load(zh))[0]).splitlines()[0]
+        title = re.sub(r"\s*\([^()]*\)$", "", heading.lstrip("# "))  # without "(English title)"
+        assert f"[{title}](notebooks/{LANG}/{chapter.name})" in readme, f"{chapter.name}: {title!r} not in the table"
+
+
+def test_the_glossary_of_both_readmes_is_the_same():
+    def glossary(path: Path) -> list[str]:
+        rows = path.read_text(encoding="utf-8").split("| English | 中文 |")[1].split("\n\n")[0]
+        return rows.strip().splitlines()
+    assert glossary(README_ZH) == glossary(README) and len(glossary(README)) > 20
+
+
+def test_the_chinese_kit_quotes_the_same_numbers():
+    """Every number of the English teacher's kit (timings, bytes, ratios) is in the Chinese one as often, and no
+    other: code spans left out, since both quote the same commands."""
+    def numbers(path: Path) -> list[str]:
+        return sorted(NUMBER.findall(i18n.CODE.sub(" ", path.read_text(encoding="utf-8"))))
+    assert numbers(KIT_ZH) == numbers(KIT)
+
+
 # --- the tool on a notebook of its own ---------------------------------------------------------------------------
 def _cell(kind: str, cell_id: str, source: str) -> dict:
     cell = {"cell_type": kind, "id": cell_id, "metadata": {"slideshow": {"slide_type": "slide"}},
