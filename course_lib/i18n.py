@@ -47,6 +47,10 @@ def cell_source(cell: dict) -> str:
     return src if isinstance(src, str) else "".join(src)
 
 
+def markdown_cells(nb: dict) -> list[dict]:
+    return [c for c in nb["cells"] if c["cell_type"] == "markdown"]
+
+
 def english_notebooks() -> list[Path]:
     """Every English chapter and solutions notebook, in course order."""
     return sorted(NOTEBOOKS.glob("[0-9]*.ipynb")) + sorted((NOTEBOOKS / "solutions").glob("[0-9]*.ipynb"))
@@ -78,7 +82,7 @@ def skeleton(notebook: Path, lang: str) -> Path:
     """Write (or extend) a notebook's translation file: cells not yet translated get their English text to replace."""
     path = text_path(notebook, lang)
     have = read_translations(path) if path.exists() else {}
-    cells = [c for c in json.loads(notebook.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "markdown"]
+    cells = markdown_cells(json.loads(notebook.read_text(encoding="utf-8")))
     out = [have.get(c["id"]) or Translation(c["id"], en_hash(cell_source(c)), cell_source(c)) for c in cells]
     write_translations(path, out)
     return path
@@ -87,7 +91,8 @@ def skeleton(notebook: Path, lang: str) -> Path:
 # --- Building the edition -------------------------------------------------------------------------------------
 ROOT = NOTEBOOKS.parent
 CODE = re.compile(r"^(```|~~~).*?^\1[^\n]*$|`[^`\n]+`", re.MULTILINE | re.DOTALL)  # fenced blocks, code spans
-LINK = re.compile(r"(!?\[[^\]\n]*\]\()([^)\s]+)|^(\s*\[[^\]\n]+\]:\s*)(\S+)|((?:src|href)=\")([^\"]+)", re.MULTILINE)
+LINK = re.compile(r"(!?\[[^\]\n]*\]\()([^)\s]+)|^(\s*\[[^\]\n]+\]:\s*)(\S+)|((?:src|href)=\")([^\"]+)",
+                  re.MULTILINE)  # [text](target), ![alt](target), [ref]: target, src="target", href="target"
 NOT_PROSE = re.compile(r"\$\$.*?\$\$|\$[^$\n]+\$|<[^>\n]+>|\]\([^)]*\)|^\s*\[[^\]\n]+\]:.*$|https?://\S+",
                        re.MULTILINE | re.DOTALL)
 CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -158,7 +163,7 @@ def build(notebook: Path, lang: str, translations: dict[str, Translation]) -> tu
     markdown cell's source replaced (a stale translation is still used; a missing one stays English)."""
     nb = json.loads(notebook.read_text(encoding="utf-8"))
     where, problems = text_path(notebook, lang).relative_to(ROOT), []
-    for cell in (c for c in nb["cells"] if c["cell_type"] == "markdown"):
+    for cell in markdown_cells(nb):
         t, source = translations.get(cell["id"]), cell_source(cell)
         if t is None:
             problems.append(f"{where}: cell {cell['id']} missing (its English added to translate)")
@@ -168,7 +173,7 @@ def build(notebook: Path, lang: str, translations: dict[str, Translation]) -> tu
         elif looks_english(t.text):
             problems.append(f"{where}: cell {cell['id']} still English ({counts(t.text)[1]} Latin words)")
         cell["source"] = rewrite_links(t.text, notebook, lang).splitlines(keepends=True)
-    gone = set(translations) - {c["id"] for c in nb["cells"] if c["cell_type"] == "markdown"}
+    gone = set(translations) - {c["id"] for c in markdown_cells(nb)}
     problems += [f"{where}: cell {i} has no English cell any more (dropped)" for i in sorted(gone)]
     return dump(nb), problems
 
@@ -182,7 +187,8 @@ def sync(lang: str, write: bool = True) -> list[str]:
         translations = read_translations(path) if path.exists() else {}
         text, found = build(notebook, lang, translations)
         problems += found
-        if write and (not path.exists() or any("missing" in p or "dropped" in p for p in found)):
+        cells = [c["id"] for c in markdown_cells(json.loads(notebook.read_text(encoding="utf-8")))]
+        if write and list(translations) != cells:  # cells missing, dropped or out of order: the English order
             skeleton(notebook, lang)
             text, _ = build(notebook, lang, read_translations(path))
         if not out.exists() or out.read_text(encoding="utf-8") != text:
