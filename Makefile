@@ -30,7 +30,8 @@ test-notebooks: setup-test
 	$(PY) -m pytest $(NBVAL) $(PYTEST_ARGS) notebooks
 
 # JupyterLab in headless Chromium (Debian's chromium and fonts-noto-cjk; `make test` runs these too where
-# /usr/bin/chromium exists): every chapter renders, three run through the UI, one opens as slides.
+# /usr/bin/chromium exists): every chapter renders, three run through the UI, one opens as slides, and
+# chapters 00 and 05 of the Chinese edition (notebooks/zh/) draw their Chinese with a CJK font.
 test-browser: setup-test
 	$(PY) -m pytest $(PYTEST_ARGS) -rs tests/browser
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser.lab_server import CHROMIUM, CHROMIUM_ARGS, start_lab, stop_lab, trust_notebooks
-from tests.browser.notebook_page import CHAPTERS, NOTEBOOKS
+from tests.browser.notebook_page import CHAPTERS, CHINESE, NOTEBOOKS
 
 SCREENSHOTS = Path(os.environ.get("BROWSER_SCREENSHOTS", Path(__file__).parent / "screenshots"))
 VIEWPORT = {"width": 1280, "height": 900}
@@ -31,7 +31,7 @@ def lab(tmp_path_factory):
         pytest.skip(f"{CHROMIUM} not found: the browser tests need Debian's chromium (apt-get install chromium "
                     "fonts-noto-cjk)")
     tmp = tmp_path_factory.mktemp("jupyterlab")
-    trust_notebooks(CHAPTERS, tmp)
+    trust_notebooks(CHAPTERS + CHINESE, tmp)
     before = _digests()
     server = start_lab(NOTEBOOKS, tmp)
     try:

@@ -11,6 +11,7 @@ if TYPE_CHECKING:  # imported without playwright too: conftest reads CHAPTERS be
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CHAPTERS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))  # 00_welcome ... whatever chapters exist now
+CHINESE = sorted((NOTEBOOKS / "zh").glob("[0-9][0-9]_*.ipynb"))  # their Chinese edition (course_lib.i18n)
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 
