@@ -265,8 +265,13 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
 //   avx512vnni  512-bit vpdpbusd           avxvnni  256-bit vpdpbusd (AVX-VNNI, or AVX512-VNNI with VL)
 //   avx2        vpmaddubsw + vpmaddwd      scalar   portable C++
 // ---------------------------------------------------------------------------------------------------------------
+#if defined(__clang__)  // clang ignores GCC's optimize pragma: its own, to the end of the file
+#pragma float_control(precise, on, push)
+#pragma clang fp contract(off)
+#else
 #pragma GCC push_options
 #pragma GCC optimize("no-fast-math", "fp-contract=off")
+#endif
 
 #include <cmath>
 #include <cstdlib>
@@ -562,4 +567,8 @@ at::Tensor w4a8_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t
 }
 
 }  // namespace course_lib
+#if defined(__clang__)
+#pragma float_control(pop)
+#else
 #pragma GCC pop_options
+#endif
