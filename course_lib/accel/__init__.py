@@ -14,6 +14,7 @@ the chapters read. Everything here exists only to run the same numbers faster on
     triton_paged.py    the Triton decode-attention kernel, long contexts split across programs (flash-decoding)
     triton_targets.py  the Triton kernels compiled for a T4, A100, L4 and H100 with no GPU here (a test checks them)
     triton_quant.py    the Triton kernels of quantized layers: dequantize inside the matmul
+    cpp_decode.py      the decode step's layers in one C++ call: the eager step's kernels, no Python between them
     compiled_decode.py the decode step through `torch.compile` (`compile_decode=True`)
     cuda_graphs.py     decode steps as CUDA graphs, one per batch-size bucket (`cuda_graphs`, CUDA's default)
 
@@ -112,11 +113,12 @@ class Accelerator:
 
         if isinstance(graph, CUDAGraphDecodeStep):
             return {"cuda_graphs": len(graph.graphs), "graph_capture_seconds": graph.capture_seconds}
-        return {"compile_seconds": graph.compile_seconds}
+        return {"compile_seconds": graph.compile_seconds} if hasattr(graph, "compile_seconds") else {}
 
     def decode_step(self, model: Transformer, kv_cache: PagedKVCache):
         """The decode graph for decode-only batches, made ready now: with `cuda_graphs` one graph per batch
-        bucket, captured (seconds); else with `compile_decode` compiled (minutes on a CPU); else None."""
+        bucket, captured (seconds); else with `compile_decode` compiled (minutes on a CPU); else with
+        `cpp_decode` the layers as one C++ call, where every layer has its C++ twin; else None."""
         self.decode_graph = self._make_decode_step(model, kv_cache)
         return self.decode_graph
 
@@ -129,6 +131,10 @@ class Accelerator:
                                          min(limit, self.max_model_len or limit))
             graphs.warmup()
             return graphs
+        if self.plan.cpp_decode and not self.plan.compile_decode and self.ops is not None:
+            from .cpp_decode import CppDecodeStep
+
+            return CppDecodeStep.for_model(model, kv_cache, self.ops)
         if not self.plan.compile_decode:
             return None
         from .compiled_decode import CompiledDecodeStep

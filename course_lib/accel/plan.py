@@ -68,6 +68,7 @@ class Plan:
     w4a8_path: str = ""  # its widest instruction-set path here ("avx512vnni", "avxvnni", "avx2", "scalar")
     attention: str = "torch"  # "cpp": every query row through the C++ kernel; "triton": decode rows (CUDA)
     quant_kernels: str = "torch"  # quantized layers: "onednn" (CPU) or "triton" (CUDA) kernels (`quant_linear.py`)
+    cpp_decode: bool = False  # decode steps' layers in one C++ call of the kernels above (`cpp_decode.py`)
     compile_decode: bool = False  # decode steps through one torch.compile'd graph (`compiled_decode.py`)
     cuda_graphs: bool = False  # decode steps replayed as CUDA graphs, one per batch-size bucket (`cuda_graphs.py`)
     problems: tuple[str, ...] = field(default=(), compare=False)  # what could not be built or used, and why
@@ -94,7 +95,8 @@ class Plan:
             decode = ("CUDA graphs, one per batch-size bucket (enforce_eager=True turns them off)" +
                       ("; compile_decode unused there" if self.compile_decode else ""))
         else:
-            decode = "torch.compile'd graph (compile_decode=True)" if self.compile_decode else "eager"
+            decode = ("torch.compile'd graph (compile_decode=True)" if self.compile_decode else
+                      "every layer in one C++ call, no Python between the kernels" if self.cpp_decode else "eager")
         rows = [
             ("machine", f"{processor_name(torch.device(self.device))} ({platform.machine()}, "
                         f"{torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads, "
@@ -152,7 +154,8 @@ def plan_for(device: torch.device | str | None = None, dtype: torch.dtype | str 
     return Plan("cpu", dtype, fused_ops=ops is not None, packed_linears=packed,
                 panel_rows=rows, w4a8_rows=w4a8, w4a8_path=ops.w4a8_paths()[-1] if w4a8 else "",
                 attention="cpp" if ops is not None else "torch", quant_kernels="onednn",
-                compile_decode=compile_decode, problems=tuple(problems))
+                cpp_decode=ops is not None and not compile_decode, compile_decode=compile_decode,
+                problems=tuple(problems))
 
 
 def panel_rows(ops, dtype: torch.dtype) -> int:

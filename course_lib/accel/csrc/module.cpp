@@ -1,9 +1,15 @@
 // What the extension offers, in one place: the Python functions (pybind11, for eager steps: the cheapest call
-// from Python) and the operators compiled graphs call (TORCH_LIBRARY, so Inductor's C++ wrapper calls them
-// without going back to Python). The kernels are in fused_ops.cpp, linear.cpp and attention.cpp.
+// from Python), the operators compiled graphs call (TORCH_LIBRARY, so Inductor's C++ wrapper calls them
+// without going back to Python), and `DecodeLayers`, a decode step's layers as one call of those kernels
+// (accel/cpp_decode.py). The kernels are in fused_ops.cpp, linear.cpp and attention.cpp.
 
 #include <torch/library.h>
 #include <torch/python.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace course_lib {
 // fused_ops.cpp
@@ -18,6 +24,7 @@ at::Tensor by_panels(const at::Tensor& x, const at::Tensor& panels);
 int64_t keep(at::Tensor packed);
 void release(int64_t handle);
 int64_t kept();
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias);
 at::Tensor onednn_linear(const at::Tensor& x, int64_t handle, int64_t out_features,
                          const std::optional<at::Tensor>& panels, int64_t panel_rows);
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
@@ -28,6 +35,74 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                   at::Tensor block_tables, at::Tensor context_lens,
                                   c10::optional<at::Tensor> k_new, c10::optional<at::Tensor> v_new);
+
+// A linear layer as the decode loop calls it: the W4A8 kernel (`packed` from accel/w4a8.py), or a oneDNN packed
+// weight with, for 1 to `panel_rows` rows, its panels: each the kernel the layer's eager forward calls.
+struct DecodeLinear {
+  at::Tensor weight;  // W4A8: [n/16, blocks, 320] uint8; else oneDNN's packed weight
+  std::optional<at::Tensor> panels, bias;
+  int64_t out_features = 0, panel_rows = 0;
+  std::string w4a8_isa;  // W4A8 layers: the path ("" = the widest here)
+  bool w4a8 = false;
+
+  at::Tensor operator()(const at::Tensor& x) const {
+    if (!w4a8 && !(panels && x.size(0) <= panel_rows)) return packed_linear(x, weight, bias);
+    auto y = w4a8 ? w4a8_linear(x, weight, out_features, w4a8_isa) : by_panels(x, *panels);
+    return bias ? y + bias->to(y.scalar_type()) : y;
+  }
+};
+
+// One pre-norm block of the fused model (accel/fused_model.py, FusedBlock) and its layer of the paged KV cache.
+struct DecodeLayer {
+  at::Tensor input_norm, post_attention_norm, k_cache, v_cache;  // caches [blocks, block_size, kv_heads, head_dim]
+  DecodeLinear qkv, o, gate_up, down;
+};
+
+// A decode step's layers, each a call of the kernels the eager step calls one by one from Python, in the same
+// order and with the same inputs, so the same bits: x [n, hidden] (one token per sequence) -> the residual stream
+// after the last layer; each layer's K/V stored at `slots` on the way.
+class DecodeLayers {
+ public:
+  DecodeLayers(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps)
+      : heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(eps) {}
+  void add(DecodeLayer layer) { layers_.push_back(std::move(layer)); }
+  int64_t size() const { return int64_t(layers_.size()); }
+
+  // cos, sin [n, head_dim]; block_tables [n, blocks] int32; context_lens [n] int32 (the new token included);
+  // slots [n] int64 (the new token's flat cache slot, -1: none).
+  at::Tensor run(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& block_tables,
+                 const at::Tensor& context_lens, const at::Tensor& slots) const {
+    const int64_t n = x.size(0), q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
+    TORCH_CHECK(x.dim() == 2 && slots.numel() == n && slots.scalar_type() == at::kLong,
+                "DecodeLayers.run: x [n, hidden], slots [n] int64");
+    const int64_t* slot = slots.data_ptr<int64_t>();
+    for (const auto& L : layers_) {
+      auto qkv = L.qkv(rms_norm(x, L.input_norm, eps_));  // [n, q + 2 kv]
+      rope_qk_(qkv, cos, sin, heads_ + kv_heads_, head_dim_);
+      const int64_t row_bytes = kv_size * qkv.element_size();
+      char* base = static_cast<char*>(qkv.data_ptr());
+      for (int64_t i = 0; i < n; ++i) {  // store_kvcache: this token's k and v at its slot
+        if (slot[i] < 0) continue;
+        char* row = base + i * qkv.size(1) * qkv.element_size();
+        std::memcpy(static_cast<char*>(L.k_cache.data_ptr()) + slot[i] * row_bytes, row + q_size * qkv.element_size(),
+                    row_bytes);
+        std::memcpy(static_cast<char*>(L.v_cache.data_ptr()) + slot[i] * row_bytes,
+                    row + (q_size + kv_size) * qkv.element_size(), row_bytes);
+      }
+      auto q = qkv.narrow(1, 0, q_size).reshape({n, heads_, head_dim_});
+      auto attn = paged_decode_attention(q, L.k_cache, L.v_cache, block_tables, context_lens, c10::nullopt,
+                                         c10::nullopt);  // [n, heads, head_dim]
+      auto sum_norm = add_rms_norm(x, L.o(attn.view({n, q_size})), L.post_attention_norm, eps_);
+      x = sum_norm[0] + L.down(silu_mul(L.gate_up(sum_norm[1])));
+    }
+    return x;
+  }
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  double eps_;
+  std::vector<DecodeLayer> layers_;
+};
 }  // namespace course_lib
 
 TORCH_LIBRARY(course_lib, m) {
@@ -66,4 +141,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "attention over the paged KV cache, a query row each",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("context_lens"),
         py::arg("k_new") = py::none(), py::arg("v_new") = py::none());
+  py::class_<DecodeLinear>(m, "DecodeLinear", "a linear layer as DecodeLayers calls it")
+      .def(py::init([](at::Tensor weight, std::optional<at::Tensor> panels, std::optional<at::Tensor> bias,
+                       int64_t out_features, int64_t panel_rows, std::string w4a8_isa, bool w4a8) {
+             return DecodeLinear{weight, panels, bias, out_features, panel_rows, w4a8_isa, w4a8};
+           }),
+           py::arg("weight"), py::arg("panels"), py::arg("bias"), py::arg("out_features"), py::arg("panel_rows"),
+           py::arg("w4a8_isa"), py::arg("w4a8"));
+  py::class_<DecodeLayers>(m, "DecodeLayers", "a decode step's layers as one call")
+      .def(py::init<int64_t, int64_t, int64_t, double>(), py::arg("num_heads"), py::arg("num_kv_heads"),
+           py::arg("head_dim"), py::arg("eps"))
+      .def("add", [](DecodeLayers& self, at::Tensor input_norm, at::Tensor post_attention_norm, at::Tensor k_cache,
+                     at::Tensor v_cache, DecodeLinear qkv, DecodeLinear o, DecodeLinear gate_up, DecodeLinear down) {
+             self.add({input_norm, post_attention_norm, k_cache, v_cache, qkv, o, gate_up, down});
+           })
+      .def("__len__", &DecodeLayers::size)
+      .def("run", &DecodeLayers::run, py::call_guard<py::gil_scoped_release>(), py::arg("x"), py::arg("cos"),
+           py::arg("sin"), py::arg("block_tables"), py::arg("context_lens"), py::arg("slots"));
 }
