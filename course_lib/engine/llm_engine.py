@@ -33,11 +33,8 @@ __all__ = ["EngineConfig", "EngineStats", "LLMEngine"]
 
 
 class LLMEngine:
-    """Continuous-batching engine over a paged KV cache.
-
-    `accel`: a `course_lib.accel.Accelerator` whose kernels the model runner uses, or None (the reference).
-    `speculator`: an `engine.speculative.Speculator` that drafts tokens for decoding sequences, or None.
-    `attention`: an attention backend in place of the reference's or accel's (`course_lib.batch_invariant`)."""
+    """Continuous-batching engine over a paged KV cache. `accel`: a `course_lib.accel.Accelerator`, or None (the
+    reference); `speculator`: a `Speculator`, or None; `attention`: a backend in place of the reference's."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, config: EngineConfig | None = None, accel=None,
                  speculator=None, attention=None):
