@@ -50,8 +50,8 @@ def _row(r: RequestMetrics) -> dict[str, float | int | str | None]:
     itl = r.itl
     return {"request_id": r.request_id, "prompt_tokens": r.num_prompt_tokens, "output_tokens": r.num_output_tokens,
             "queue_time": r.queue_time, "ttft": r.ttft, "tpot": r.tpot,
-            "itl_mean": float(np.mean(itl)) if itl else None, "e2e_latency": r.e2e_latency, "acceptance_rate": r.acceptance_rate,
-            "mean_accepted_length": r.mean_accepted_length}
+            "itl_mean": float(np.mean(itl)) if itl else None, "e2e_latency": r.e2e_latency,
+            "acceptance_rate": r.acceptance_rate, "mean_accepted_length": r.mean_accepted_length}
 
 
 def _values(requests: Sequence[RequestMetrics], metric: str) -> list[float | None]:
