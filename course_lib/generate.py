@@ -21,13 +21,9 @@ from .sampling import Sampler
 @torch.inference_mode()
 def generate_tokens(model: Transformer, prompt_ids: list[int], next_token: Callable[[torch.Tensor], int],
                     max_new_tokens: int, prefill_chunk: int | None = None) -> Iterator[int]:
-    """Prefill `prompt_ids`, then decode one token per step; yields each new token id.
-
-    `next_token(logits [1, vocab]) -> id` picks the token (greedy, a sampler, ...). The caller
-    decides when to stop by leaving the loop; at most `max_new_tokens` are produced.
-    `prefill_chunk`: prefill the prompt that many tokens per forward (chunked prefill), not all at once: the same
-    tokens and positions, with sums over the cached keys split in another order.
-    """
+    """Prefill `prompt_ids`, then decode one token per step; yields at most `max_new_tokens` new token ids.
+    `next_token(logits [1, vocab]) -> id` picks each (greedy, a sampler, ...); the caller stops by leaving the
+    loop. `prefill_chunk`: prefill that many prompt tokens per forward (chunked prefill), not all at once."""
     cache = KVCache(model.config, max_seq_len=len(prompt_ids) + max_new_tokens, device=model.device, dtype=model.dtype)
     ids = torch.tensor([prompt_ids], device=model.device)  # [1, prompt_len]: the first step is the prefill
     chunk = prefill_chunk or ids.shape[1]

@@ -1,12 +1,10 @@
-"""The engine's own Llama-family decoder, on one screen.
+"""The engine's own Llama-family decoder (Llama incl. Llama 3 RoPE scaling, Mistral, Qwen2, SmolLM).
 
     ids -> embedding -> N x [RMSNorm -> attention(RoPE, GQA, KV) -> + -> RMSNorm -> SwiGLU MLP -> +]
         -> RMSNorm -> lm_head -> logits
 
-Covers Llama (incl. Llama 3 RoPE scaling), Mistral, Qwen2 (q/k/v bias) and SmolLM.
-The model does not own a KV cache: `forward` takes an attention backend `kv`
-(see `course_lib.attention`) that stores keys/values and computes attention.
-With `kv=None` it is a plain full causal forward.
+The model does not own a KV cache: `forward` takes an attention backend `kv` (`course_lib.attention`) that
+stores keys/values and attends; with `kv=None` it is a plain full causal forward.
 """
 from __future__ import annotations
 
@@ -88,20 +86,18 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        h, q, kv, bias = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim, config.attention_bias
-        self.q_proj = nn.Linear(h, q, bias=bias)
-        self.k_proj = nn.Linear(h, kv, bias=bias)
-        self.v_proj = nn.Linear(h, kv, bias=bias)
+        h, q, kv = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        self.q_proj = nn.Linear(h, q, bias=config.attention_bias)
+        self.k_proj = nn.Linear(h, kv, bias=config.attention_bias)
+        self.v_proj = nn.Linear(h, kv, bias=config.attention_bias)
         self.o_proj = nn.Linear(q, h, bias=False)
 
     def forward(self, x, cos, sin, kv: AttentionBackend | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.project_qkv(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if kv is None:
-            out = causal_attention(q, k, v)
-        else:
-            out = kv.attend(self.layer_idx, q, k, v)  # stores k, v; attends over all cached keys
+        # a backend stores k, v and attends over all cached keys
+        out = causal_attention(q, k, v) if kv is None else kv.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -163,20 +159,12 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        kv: AttentionBackend | None = None,
-        last_only: bool = False,
-        logits_index: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """input_ids [batch, seq] -> logits [batch, seq, vocab].
-
-        positions [batch, seq] default to where the backend's cache left off (0 without one).
-        The lm_head is the biggest matmul of a small model, so callers that need only some
-        positions ask for them: `last_only` keeps the last one, `logits_index` picks any.
-        """
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                kv: AttentionBackend | None = None, last_only: bool = False,
+                logits_index: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids [batch, seq] -> logits [batch, seq, vocab]. positions [batch, seq] default to where the
+        backend's cache left off (0 without one). The lm_head is the biggest matmul of a small model, so callers
+        that need only some positions ask for them: `last_only` keeps the last one, `logits_index` picks any."""
         B, T = input_ids.shape
         if positions is None:
             start = kv.seq_len if kv is not None else 0

@@ -22,11 +22,8 @@ SAMPLING_EPS = 1e-5  # temperatures below this are greedy, as in vLLM: logits / 
 
 @dataclass
 class SamplingParams:
-    """How to pick tokens and when to stop.
-
-    A value of the wrong type raises a TypeError, one out of range a ValueError; both name the field
-    and what it allows. numpy numbers are accepted and stored as int/float, `stop` as a list of strings.
-    """
+    """How to pick tokens and when to stop. A value of the wrong type raises a TypeError, one out of range a
+    ValueError, naming the field and what it allows; numpy numbers are stored as int/float, `stop` as a list."""
 
     max_tokens: int = 16
     temperature: float = 1.0  # 0 (anything below SAMPLING_EPS) = greedy
@@ -61,20 +58,10 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise invalid(TypeError, f"SamplingParams.{name}", "True or False", getattr(self, name))
 
-        allowed = "None, a string, or a list of non-empty strings"
         stop = [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else self.stop
-        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-            raise invalid(TypeError, "SamplingParams.stop", allowed, self.stop)
-        if not all(stop):
-            raise invalid(ValueError, "SamplingParams.stop", allowed, self.stop)
-        self.stop = list(stop)
-
-        ids, allowed = self.stop_token_ids, "a list of integer token ids >= 0"
-        if not isinstance(ids, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, Integral) for i in ids):
-            raise invalid(TypeError, "SamplingParams.stop_token_ids", allowed, ids)
-        if any(i < 0 for i in ids):
-            raise invalid(ValueError, "SamplingParams.stop_token_ids", allowed, ids)
-        self.stop_token_ids = [int(i) for i in ids]
+        self.stop = checked_list("stop", stop, str, bool, "None, a string, or a list of non-empty strings", self.stop)
+        self.stop_token_ids = [int(i) for i in checked_list("stop_token_ids", self.stop_token_ids, Integral,
+                                                            lambda i: i >= 0, "a list of integer token ids >= 0")]
         self.logit_bias = checked_logit_bias(self.logit_bias)
 
     @property
@@ -83,12 +70,19 @@ class SamplingParams:
         return self.temperature < SAMPLING_EPS
 
 
-def checked_logit_bias(bias) -> dict[int, float] | None:
-    """`bias` as {token id: float}, or a TypeError/ValueError naming SamplingParams.logit_bias.
+def checked_list(name: str, items, kind: type, ok, allowed: str, given=None) -> list:
+    """`items` as a list of `kind` (never a bool) each passing `ok`, or a TypeError/ValueError naming the field."""
+    given = items if given is None else given
+    if not isinstance(items, (list, tuple)) or any(isinstance(x, bool) or not isinstance(x, kind) for x in items):
+        raise invalid(TypeError, f"SamplingParams.{name}", allowed, given)
+    if not all(ok(x) for x in items):
+        raise invalid(ValueError, f"SamplingParams.{name}", allowed, given)
+    return list(items)
 
-    Keys are integer ids >= 0, or strings of one (JSON object keys are strings); values are finite numbers
-    in [-100, 100], as OpenAI allows. The engine checks the ids against the vocabulary.
-    """
+
+def checked_logit_bias(bias) -> dict[int, float] | None:
+    """`bias` as {token id: float}, or a TypeError/ValueError naming SamplingParams.logit_bias. Keys are ids >= 0,
+    or strings of one (JSON's keys); values are finite numbers in [-100, 100], as OpenAI allows."""
     name, allowed = "SamplingParams.logit_bias", "None or a dict of token id (an integer >= 0) -> number in [-100, 100]"
     if bias is None:
         return None
@@ -134,12 +128,9 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Nucleus sampling: keep the most likely tokens until their total probability reaches p.
-
-    Computed from the unlikely end, as transformers does: drop tokens whose cumulative mass,
-    counted upward from the least likely, stays <= 1 - p. (Subtracting from a float32 running sum
-    from the top instead loses the last token or two to rounding over a 49k vocabulary.)
-    """
+    """Nucleus sampling: keep the most likely tokens until their total probability reaches p. Computed from the
+    unlikely end, as transformers does: drop tokens whose cumulative mass from the least likely stays <= 1 - p
+    (a float32 running sum from the top loses the last token or two to rounding over a 49k vocabulary)."""
     if p >= 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, descending=False, dim=-1)
@@ -171,18 +162,10 @@ def processed_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.T
 
 
 def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw from probs [..., vocab] by the exponential race: argmax(p_i / E_i), E_i ~ Exp(1).
-
-    It picks token i with probability p_i, like torch.multinomial, but is one elementwise op and
-    an argmax: no CPU<->GPU sync inside, and a per-request generator makes it reproducible.
-    """
+    """Draw from probs [..., vocab] by the exponential race: argmax(p_i / E_i), E_i ~ Exp(1). It picks token i
+    with probability p_i, like torch.multinomial, but with no CPU<->GPU sync inside."""
     noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return (probs / noise).argmax(-1)
-
-
-def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """The first index of each row's largest value (a NaN counts as largest): greedy decoding's choice."""
-    return logits.max(-1).indices
 
 
 class Sampler:
@@ -204,13 +187,10 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams], histories: list[list[int]],
                  request_ids: list[str]) -> list[int]:
-        """logits [num_seqs, vocab]; histories: prompt + output ids of each sequence (for the penalty).
-
-        All rows in one batched pass (`course_lib.sampling_batch`); the `.tolist()` at the end is the only
-        device sync.
-        """
+        """logits [num_seqs, vocab]; histories: prompt + output ids of each sequence (for the penalty). All rows
+        in one batched pass (`course_lib.sampling_batch`); the `.tolist()` at the end is the only device sync."""
         if all(p.greedy and p.repetition_penalty == 1.0 and not p.logit_bias for p in params):
-            return argmax_rows(logits).tolist()  # a greedy batch: one argmax over all rows
+            return logits.max(-1).indices.tolist()  # a greedy batch: the first of tied maxima (NaN counts as largest)
         knobs = BatchKnobs.build(params, histories, logits.shape[-1], logits.device)
         generators = [self.generator_for(rid, p, logits.device) for p, rid in zip(params, request_ids)]
         return sample_batch(logits, knobs, generators).tolist()

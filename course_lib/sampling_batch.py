@@ -113,7 +113,7 @@ def sample_batch(logits: torch.Tensor, knobs: BatchKnobs,
     would for that row alone), the others share one draw. Greedy rows take the argmax.
     """
     logits = processed_logits_batch(logits, knobs)
-    greedy = logits.max(-1).indices  # [num_seqs]: the first of tied maxima, as argmax_rows
+    greedy = logits.max(-1).indices  # [num_seqs]: the first of tied maxima, as the greedy Sampler
     if all(knobs.greedy_rows):
         return greedy
     probs = logits.softmax(-1)  # [num_seqs, vocab]

@@ -1,8 +1,7 @@
 """Text <-> token ids with the model's own vocabulary, its chat template, and a streaming detokenizer.
 
-`Tokenizer` wraps a Hugging Face `tokenizers.Tokenizer` (fast, Rust). For a GGUF model we build
-that tokenizer from the vocabulary and merges stored in the file; for a Hugging Face directory we
-read its `tokenizer.json`. `course_lib.bpe` re-implements the same byte-level BPE in Python for teaching.
+`Tokenizer` wraps a Hugging Face `tokenizers.Tokenizer` (Rust), built from a GGUF file's vocabulary and merges or
+read from a directory's `tokenizer.json`. `course_lib.bpe` writes the same byte-level BPE in Python for teaching.
 """
 from __future__ import annotations
 
@@ -61,19 +60,15 @@ CONTENT_OPEN, CONTENT_CLOSE = "\ufdd0", "\ufdd1"  # Unicode noncharacters: they 
 
 
 def check_chat_messages(messages: list[dict[str, str]]) -> None:
-    """Raise a TypeError/ValueError naming the message unless `messages` is a list (or tuple) of {role, content: str}.
-
-    Checked before rendering: a template fails deep in Jinja on a non-str content ("can only concatenate
-    str") and renders an unknown role as if it were one.
-    """
+    """Raise a TypeError/ValueError naming the message unless `messages` is a list of {role, content: str}:
+    a template fails deep in Jinja on a non-str content and renders an unknown role as if it were one."""
     if not isinstance(messages, (list, tuple)):
         raise TypeError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, "
                         f"got {type(messages).__name__}: {messages!r}")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise TypeError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}: {m!r}")
-        if "role" not in m or "content" not in m:
-            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise (ValueError if isinstance(m, dict) else TypeError)(
+                f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}: {m!r}")
         if m["role"] not in CHAT_ROLES:
             raise ValueError(f"messages[{i}]['role'] must be one of {', '.join(CHAT_ROLES)}, got {m['role']!r}")
         if not isinstance(m["content"], str):
@@ -82,10 +77,8 @@ def check_chat_messages(messages: list[dict[str, str]]) -> None:
 
 
 def mark_content(messages: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The messages with each content's stripped core between CONTENT_OPEN and CONTENT_CLOSE.
-
-    Whitespace stays outside the marks, so a template that trims content renders the same text.
-    """
+    """The messages with each content's stripped core between CONTENT_OPEN and CONTENT_CLOSE (whitespace
+    outside the marks, so a template that trims content renders the same text)."""
     marked = []
     for i, m in enumerate(messages):
         content = m["content"]
@@ -100,11 +93,9 @@ def mark_content(messages: list[dict[str, str]]) -> list[dict[str, str]]:
 
 
 def chat_parts(marked: str, text: str) -> list[str] | None:
-    """Split a marked rendering into [template, content, template, ..., template] that join to `text`.
-
-    Content left empty is dropped, so template text around it stays one part. None if the marks do not
-    pair up or the rendering differs from `text` (a template that tests or slices content).
-    """
+    """Split a marked rendering into [template, content, template, ..., template] that join to `text`, empty
+    content merged into the template around it; None if the marks do not pair up or the rendering differs from
+    `text` (a template that tests or slices content)."""
     parts = re.split(f"{CONTENT_OPEN}(.*?){CONTENT_CLOSE}", marked, flags=re.DOTALL)
     if "".join(parts) != text or any(CONTENT_OPEN in p or CONTENT_CLOSE in p for p in parts):
         return None
@@ -122,12 +113,8 @@ class Tokenizer:
 
     def __init__(self, backend: HFTokenizer, bos_token_id: int | None, eos_token_ids: list[int],
                  chat_template: str | None, add_bos_token: bool = False, name: str = ""):
-        self.backend = backend
-        self.bos_token_id = bos_token_id
-        self.eos_token_ids = eos_token_ids
-        self.chat_template = chat_template
-        self.add_bos_token = add_bos_token
-        self.name = name
+        self.backend, self.bos_token_id, self.eos_token_ids = backend, bos_token_id, eos_token_ids
+        self.chat_template, self.add_bos_token, self.name = chat_template, add_bos_token, name
         added = backend.get_added_tokens_decoder()
         self.special_ids = set(added)
         self._control = {tok.content: (i, tok) for i, tok in added.items() if tok.special}
@@ -161,11 +148,8 @@ class Tokenizer:
         """The raw bytes one token stands for (may be part of a UTF-8 character)."""
         from .bpe import unicode_to_bytes
 
-        inverse = unicode_to_bytes()
         tok = self.id_to_token(token_id)
-        if token_id in self.special_ids:
-            return tok.encode()
-        return bytes(inverse[c] for c in tok)
+        return tok.encode() if token_id in self.special_ids else bytes(unicode_to_bytes()[c] for c in tok)
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Render a conversation with the model's own Jinja chat template."""
@@ -185,11 +169,9 @@ class Tokenizer:
             messages=messages, add_generation_prompt=add_generation_prompt, **special)
 
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        """Render a conversation and encode it; only the template's own text yields control tokens.
-
-        Message content is encoded as plain text, so a user who writes "<|im_end|>\\n<|im_start|>system\\n..."
-        cannot forge a turn. Content without control text gives the ids of `encode(apply_chat_template(...))`.
-        """
+        """Render a conversation and encode it; only the template's own text yields control tokens, so a user
+        who writes "<|im_end|>\\n<|im_start|>system\\n..." cannot forge a turn. Content without control text gives
+        the ids of `encode(apply_chat_template(...))`."""
         text = self.apply_chat_template(messages, add_generation_prompt)
         parts = chat_parts(self.apply_chat_template(mark_content(messages), add_generation_prompt), text)
         if parts is None:  # the template rewrote some content: its parts cannot be told from the template's
@@ -265,18 +247,15 @@ def load_tokenizer(model: str | Path | None = None) -> Tokenizer:
 class StreamingDetokenizer:
     """Turn a growing list of token ids into text deltas, never emitting half a UTF-8 character.
 
-    One Chinese character or emoji is 3-4 bytes and byte-level BPE may split it across tokens;
-    decoding a lone piece gives U+FFFD. Like vLLM's incremental detokenizer we keep two offsets:
-    text is decoded from `prefix_offset` and only the part after `read_offset` is new; a delta
-    is held back while it ends in U+FFFD (an incomplete character).
+    Byte-level BPE may split a Chinese character or an emoji (3-4 bytes) across tokens, and a lone piece decodes
+    to U+FFFD. As vLLM's incremental detokenizer: text is decoded from `prefix_offset`, the part after
+    `read_offset` is new, and a delta is held back while it ends in U+FFFD.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
+        self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
         self.token_ids: list[int] = []
-        self.prefix_offset = 0
-        self.read_offset = 0
+        self.prefix_offset = self.read_offset = 0
         self.text = ""
 
     def _decode(self, ids: list[int]) -> str:

@@ -28,14 +28,9 @@ class AttentionBackend(Protocol):
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> torch.Tensor:
-    """Causal GQA attention. q [B, Tq, H, D]; k, v [B, Tk, KVH, D]; query i sits at position start + i.
-
-    Keys 0..start+i are visible to query i. Returns [B, Tq, H, D].
-    Each case takes a form one of PyTorch's fused CUDA kernels accepts, never a mask together with GQA (which
-    only the math kernel takes, writing out every score): FlashAttention (compute capability 8.0 and later)
-    takes GQA but no mask, the memory-efficient kernel a mask but no GQA, so K/V are expanded to the query
-    heads where a mask is needed.
-    """
+    """Causal GQA attention. q [B, Tq, H, D]; k, v [B, Tk, KVH, D]; query i at position start + i sees keys
+    0..start+i. Returns [B, Tq, H, D]. Never a mask together with GQA (only the math kernel takes both, writing out
+    every score): FlashAttention takes GQA but no mask, the memory-efficient kernel a mask but no GQA."""
     Tq, Tk = q.shape[1], k.shape[1]
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, seq, head_dim]
     gqa = q.shape[1] != k.shape[1]
@@ -58,10 +53,8 @@ def causal_mask(num_queries: int, num_keys: int, start: int, device=None) -> tor
 
 
 class ReferenceAttention:
-    """No cache; explicit softmax so the attention weights can be inspected.
-
-    After `model(ids, kv=ref)`, `ref.weights[layer]` is [batch, heads, seq, seq].
-    """
+    """No cache; explicit softmax so the weights can be inspected: after `model(ids, kv=ref)`,
+    `ref.weights[layer]` is [batch, heads, seq, seq]."""
 
     def __init__(self, keep_weights: bool = True):
         self.keep_weights = keep_weights

@@ -1,22 +1,14 @@
 """Paged attention (PyTorch): KV memory as fixed-size blocks, read through block tables.
 
-    PagedKVCache      k_cache, v_cache [num_layers, num_blocks, block_size, kv_heads, head_dim]
-    PagedAttentionMetadata   where this step's tokens go (slot_mapping) and what each sequence reads
-                             (block_tables, context_lens, query_start_loc)
-    PagedAttention    the backend the model's attention layers call: write K/V, then attend
-
 The engine packs every token of a step into one row, prefill chunks and decodes mixed:
 
     input_ids [1, num_tokens] = [ seq 0 chunk ........ | seq 1 decode | seq 2 chunk ... | ... ]
     query_start_loc           = [0,                     q0,            q0+1,             ...]
 
-Token t's K/V go to flat slot `slot_mapping[t] = block_id * block_size + offset`. Sequence i then
-attends its queries over its first `context_lens[i]` cached tokens, found through `block_tables[i]`;
-its j-th query sits at position `context_lens[i] - num_queries + j` (causal). Rows with one query
-(decodes) are batched in `paged_decode_attention`, the reference for the kernels of `course_lib.accel`
-(Triton on the GPU, C++ on the CPU), which subclass `PagedAttention`. Prompt chunks are batched too, in
-`paged_prefill_attention`: one SDPA a layer, each chunk a row padded to the longest, rather than a packed
-block-diagonal mask, whose cost grows with the square of all the step's prompt tokens.
+Token t's K/V go to flat slot `slot_mapping[t] = block_id * block_size + offset`. Sequence i then attends its
+queries over its first `context_lens[i]` cached tokens, found through `block_tables[i]`. Decodes (one query)
+are batched in `paged_decode_attention`, the reference for `course_lib.accel`'s kernels; prompt chunks in
+`paged_prefill_attention`, one SDPA a layer with each chunk a row padded to the longest.
 """
 from __future__ import annotations
 
@@ -38,14 +30,13 @@ class PagedKVCache:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
         shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        dtype = resolve_dtype(dtype)
-        self.k_cache = torch.zeros(shape, device=device, dtype=dtype)  # [layers, blocks, block_size, kv_heads, head_dim]
+        dtype = resolve_dtype(dtype)  # k_cache, v_cache: [layers, blocks, block_size, kv_heads, head_dim]
+        self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.num_blocks, self.block_size = num_blocks, block_size
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by K and V together."""
         return self.k_cache.nbytes + self.v_cache.nbytes
 
     @property
@@ -53,39 +44,30 @@ class PagedKVCache:
         return self.k_cache.device
 
     @staticmethod
-    def bytes_per_block(config: ModelConfig, block_size: int = 16,
-                        dtype: torch.dtype | str = torch.float32) -> int:
+    def bytes_per_block(config: ModelConfig, block_size: int = 16, dtype: torch.dtype | str = torch.float32) -> int:
         """K and V of `block_size` tokens across all layers."""
         return block_size * config.kv_bytes_per_token(dtype)
 
     @staticmethod
     def num_blocks_for_memory(config: ModelConfig, kv_cache_memory: int | float, block_size: int = 16,
-                              device: torch.device | str = "cpu",
-                              dtype: torch.dtype | str = torch.float32) -> int:
+                              device: torch.device | str = "cpu", dtype: torch.dtype | str = torch.float32) -> int:
         """How many blocks fit in `kv_cache_memory`: bytes (int), or a fraction (float) of free CUDA memory."""
-        device = torch.device(device)
+        budget = int(kv_cache_memory)
         if isinstance(kv_cache_memory, float):
-            if not 0.0 < kv_cache_memory <= 1.0:
-                raise ValueError(f"kv_cache_memory as a fraction must be in (0, 1], got {kv_cache_memory}")
-            if device.type != "cuda":
+            if torch.device(device).type != "cuda":
                 raise ValueError("kv_cache_memory as a fraction of free GPU memory needs a CUDA device; "
                                  "on the CPU pass a byte budget (int)")
-            free, _ = torch.cuda.mem_get_info(device)
-            budget = int(free * kv_cache_memory)
-        else:
-            budget = int(kv_cache_memory)
+            budget = int(torch.cuda.mem_get_info(device)[0] * kv_cache_memory)
         per_block = PagedKVCache.bytes_per_block(config, block_size, dtype)
-        num_blocks = budget // per_block
-        if num_blocks < 1:
+        if budget < per_block:
             raise ValueError(f"kv_cache_memory={kv_cache_memory!r} ({budget} bytes) holds no KV block "
                              f"of {per_block} bytes ({block_size} tokens); raise the budget")
-        return num_blocks
+        return budget // per_block
 
     @classmethod
     def from_memory(cls, config: ModelConfig, kv_cache_memory: int | float, block_size: int = 16,
-                    device: torch.device | str = "cpu",
-                    dtype: torch.dtype | str = torch.float32) -> "PagedKVCache":
-        """A cache with as many blocks as `kv_cache_memory` (bytes, or fraction of free GPU memory) allows."""
+                    device: torch.device | str = "cpu", dtype: torch.dtype | str = torch.float32) -> "PagedKVCache":
+        """A cache with as many blocks as `kv_cache_memory` allows (`num_blocks_for_memory`)."""
         num_blocks = cls.num_blocks_for_memory(config, kv_cache_memory, block_size, device, dtype)
         return cls(config, num_blocks, block_size, device, dtype)
 
@@ -110,20 +92,13 @@ class PagedAttentionMetadata:
 
     @property
     def num_tokens(self) -> int:
-        """Query tokens of all sequences (the packed row may hold padding after them)."""
         return self.query_start_loc_cpu[-1]
 
     @classmethod
     def build(cls, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
               block_size: int, device: torch.device | str | None = "cpu") -> "PagedAttentionMetadata":
-        """From host lists, one entry per sequence in packing order; `device=None` keeps the tensors on the
-        host, for a caller that moves them with its own (`to`).
-
-        query_lens[i] new tokens of sequence i are the last ones of its context_lens[i]; their slots
-        follow from its block table.
-        """
-        if not (len(block_tables) == len(context_lens) == len(query_lens)):
-            raise ValueError("block_tables, context_lens and query_lens need one entry per sequence")
+        """From host lists, one entry per sequence: its last query_lens[i] of context_lens[i] tokens are new.
+        `device=None` keeps the tensors on the host, for a caller that moves them with its own (`to`)."""
         query_start_loc, slots = [0], []
         for table, ctx, q in zip(block_tables, context_lens, query_lens):
             if not 0 <= q <= ctx or ctx > len(table) * block_size:
@@ -138,10 +113,8 @@ class PagedAttentionMetadata:
             block_tables=torch.tensor(padded, dtype=torch.int32).view(len(padded), max_blocks),
             context_lens=torch.tensor(context_lens, dtype=torch.int32),
             query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32),
-            max_query_len=max(query_lens, default=0),
-            max_context_len=max(context_lens, default=0),
-            context_lens_cpu=list(context_lens),
-            query_start_loc_cpu=query_start_loc,
+            max_query_len=max(query_lens, default=0), max_context_len=max(context_lens, default=0),
+            context_lens_cpu=list(context_lens), query_start_loc_cpu=query_start_loc,
             indices=StepIndices.build(query_start_loc, list(context_lens)),
         )
         return host if device is None else host.to(device)[0]
@@ -161,9 +134,9 @@ class PagedAttentionMetadata:
 class StepIndices:
     """Where a mixed step's decode rows and prompt chunks sit in the packed row, built on the host.
 
-    Prompt chunks run as one padded batch, chunk i a row of `max_chunk` queries: its j-th query is row
-    token `prefill_tokens[i, j]` at position `prefill_positions[i, j]`; padding repeats the chunk's last
-    query, and `prefill_valid` picks the real ones out of the flattened [num_chunks * max_chunk].
+    Prompt chunks run as one padded batch, chunk i a row of `max_chunk` queries: its j-th query is row token
+    `prefill_tokens[i, j]` at position `prefill_positions[i, j]`; padding repeats the chunk's last query, and
+    `prefill_valid` picks the real ones out of the flattened [num_chunks * max_chunk].
     """
 
     decode_seqs: torch.Tensor  # [num_decodes] int64: sequences with one query this step
@@ -202,24 +175,18 @@ def slots_for(block_table: list[int], positions, block_size: int) -> list[int]:
 
 def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
                   slot_mapping: torch.Tensor) -> None:
-    """Write k, v [num_tokens, kv_heads, head_dim] into flat slots of one layer's cache (slot -1: skip)."""
+    """Write k, v [num_tokens, kv_heads, head_dim] into flat slots of one layer's cache."""
     kv_heads, head_dim = k_cache_layer.shape[-2:]
-    k_flat = k_cache_layer.view(-1, kv_heads, head_dim)  # [num_blocks * block_size, kv_heads, head_dim]
-    v_flat = v_cache_layer.view(-1, kv_heads, head_dim)
-    k_flat[slot_mapping] = k
-    v_flat[slot_mapping] = v
+    k_cache_layer.view(-1, kv_heads, head_dim)[slot_mapping] = k  # [num_blocks * block_size, kv_heads, head_dim]
+    v_cache_layer.view(-1, kv_heads, head_dim)[slot_mapping] = v
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            max_context_len: int | None = None) -> torch.Tensor:
-    """One query token per sequence over its paged context: the reference for the Triton and C++ kernels.
-
-    q [num_seqs, heads, head_dim]; k/v_cache_layer [num_blocks, block_size, kv_heads, head_dim];
-    block_tables [num_seqs, max_blocks] (entries past a sequence's context are ignored; -1 allowed);
-    context_lens [num_seqs]: cached tokens each sequence attends to. The query sits after all its context:
-    no mask but length. Returns [num_seqs, heads, head_dim].
-    """
+    """One query per sequence after all its context_lens cached tokens (no mask but length): the reference for
+    the Triton and C++ kernels. q [num_seqs, heads, head_dim]; k/v_cache_layer [num_blocks, block_size,
+    kv_heads, head_dim]; block_tables [num_seqs, max_blocks] (-1 padding allowed). Returns q's shape."""
     k, v, visible = gather_context(k_cache_layer, v_cache_layer, block_tables, context_lens, max_context_len)
     return attend_context(q, k, v, visible)
 
@@ -228,8 +195,7 @@ def gather_context(k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor, blo
                    context_lens: torch.Tensor, max_context_len: int | None = None):
     """Each sequence's cached K/V, gathered from its blocks: k, v [num_seqs, blocks * block_size, kv_heads,
     head_dim], and visible [num_seqs, blocks * block_size], which marks its first context_lens tokens."""
-    block_size = k_cache_layer.shape[1]
-    num_blocks = block_tables.shape[1]
+    block_size, num_blocks = k_cache_layer.shape[1], block_tables.shape[1]
     if max_context_len is not None:
         num_blocks = min(num_blocks, -(-max_context_len // block_size))
     table = block_tables[:, :num_blocks].clamp(min=0).long()  # [num_seqs, blocks]; padding -> block 0, masked below
@@ -262,19 +228,13 @@ def paged_prefill_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cach
                             block_tables: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
     """Several prompt chunks at once, each a row of a padded batch, over their stored context.
 
-    q [num_chunks, max_chunk, heads, head_dim]; block_tables [num_chunks, max_blocks];
-    visible [num_chunks, max_chunk, width] bool: query j of chunk i sees key t (t <= its position), with
-    `width` a multiple of the block size covering the longest context (`prefill_mask`); None for one chunk
-    that is a whole prompt (nothing cached before it): plain causal attention.
-    Returns [num_chunks, max_chunk, heads, head_dim]. One SDPA for all chunks, instead of one per chunk.
-
+    q [num_chunks, max_chunk, heads, head_dim]; block_tables [num_chunks, max_blocks]; visible [num_chunks,
+    max_chunk, width] (`prefill_mask`), or None for one whole prompt: plain causal. Returns q's shape.
     K/V are expanded to the query heads: PyTorch's memory-efficient CUDA kernel takes a mask but no GQA (a mask
-    with GQA falls back to the math kernel, which writes out every score), and FlashAttention takes a whole
-    prompt's `is_causal`.
+    with GQA falls back to the math kernel, which writes out every score).
     """
     width = q.shape[1] if visible is None else visible.shape[-1]
-    block_size = k_cache_layer.shape[1]
-    table = block_tables[:, :-(-width // block_size)].clamp(min=0).long()  # [num_chunks, blocks]
+    table = block_tables[:, :-(-width // k_cache_layer.shape[1])].clamp(min=0).long()  # [num_chunks, blocks]
     group = q.shape[2] // k_cache_layer.shape[2]
     k, v = (gather_blocks(cache, table)[:, :width].repeat_interleave(group, dim=2)  # [chunks, width, heads, d]
             for cache in (k_cache_layer, v_cache_layer))
@@ -287,13 +247,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cach
 
 
 def prefill_mask(positions: torch.Tensor, max_context_len: int, block_size: int) -> torch.Tensor:
-    """positions [num_chunks, max_chunk] -> visible [num_chunks, max_chunk, width]: key t <= query position.
-
-    width rounds the longest context up to whole blocks. Causal and prefix-aware at once: a chunk that starts
-    at position 40 sees its 40 cached tokens and, of its own, those up to each query.
-    """
-    width = -(-max_context_len // block_size) * block_size
-    keys = torch.arange(width, device=positions.device)  # [width]
+    """positions [num_chunks, max_chunk] -> visible [num_chunks, max_chunk, width]: key t <= query position,
+    causal and prefix-aware at once; width rounds the longest context up to whole blocks."""
+    keys = torch.arange(-(-max_context_len // block_size) * block_size, device=positions.device)  # [width]
     return keys[None, None, :] <= positions[:, :, None]
 
 
@@ -301,50 +257,30 @@ class PagedAttention:
     """Attention backend over a `PagedKVCache` for one packed step described by `attn_metadata`.
 
     Pass it as `Transformer.forward(input_ids [1, num_tokens], positions [1, num_tokens], kv=...)`. Each layer
-    stores its new K/V (`store`), then attends (`attend_stored`): decode rows together through
-    `decode_attention`, all prompt chunks together through `paged_prefill_attention`. `course_lib.accel`
-    subclasses it to run its kernels in those two places.
+    stores its new K/V (`store`), then attends (`attend_stored`): decode rows through `decode_attention`, prompt
+    chunks through `paged_prefill_attention`. `course_lib.accel` subclasses it to run its kernels there.
     """
 
     def __init__(self, kv_cache: PagedKVCache, attn_metadata: PagedAttentionMetadata):
         self.kv_cache, self.attn_metadata = kv_cache, attn_metadata
-        md = attn_metadata
-        qsl = md.query_start_loc_cpu
-        self.query_lens = [qsl[i + 1] - qsl[i] for i in range(md.num_seqs)]
+        qsl, ctx = attn_metadata.query_start_loc_cpu, attn_metadata.context_lens_cpu
+        self.query_lens = [b - a for a, b in zip(qsl, qsl[1:])]
         decodes = [i for i, n in enumerate(self.query_lens) if n == 1]
         chunks = [i for i, n in enumerate(self.query_lens) if n > 1]
         self.num_decodes, self.num_chunks = len(decodes), len(chunks)
-        self.all_decode = len(decodes) == md.num_seqs and md.num_seqs > 0
-        self.decode_max_context_len = max((md.context_lens_cpu[i] for i in decodes), default=0)
+        self.all_decode = len(decodes) == len(ctx) > 0
+        self.decode_max_context_len = max((ctx[i] for i in decodes), default=0)
         if chunks:  # built once per step, shared by every layer
-            ix = md.indices
-            whole_prompt = len(chunks) == 1 and md.context_lens_cpu[chunks[0]] == self.query_lens[chunks[0]]
+            ix = attn_metadata.indices
+            whole_prompt = len(chunks) == 1 and ctx[chunks[0]] == self.query_lens[chunks[0]]
             self.prefill_visible = None if whole_prompt else prefill_mask(  # [num_chunks, max_chunk, width]
-                ix.prefill_positions, max(md.context_lens_cpu[i] for i in chunks), kv_cache.block_size)
+                ix.prefill_positions, max(ctx[i] for i in chunks), kv_cache.block_size)
             self.prefill_out_tokens = ix.prefill_tokens.flatten()[ix.prefill_valid]  # [num_prefill_tokens]
-        self.done = False
-
-    @property
-    def seq_len(self) -> int:
-        """Position where this step's tokens start (one sequence only; the engine passes positions)."""
-        md = self.attn_metadata
-        if md.num_seqs != 1:
-            raise ValueError("a packed batch of several sequences has no single seq_len: "
-                             "pass `positions` to Transformer.forward")
-        return md.context_lens_cpu[0] - (0 if self.done else md.num_tokens)
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [batch, seq, heads, head_dim], k/v [batch, seq, kv_heads, head_dim] -> [batch, seq, heads, head_dim].
-
-        The packed row is batch * seq tokens (batch is 1 in the engine).
-        """
-        md = self.attn_metadata
+        """q [1, num_tokens, heads, head_dim], k/v [1, num_tokens, kv_heads, head_dim] -> q's shape."""
         shape = q.shape
-        q = q.reshape(-1, *shape[2:])  # [num_tokens, heads, head_dim]
-        k = k.reshape(-1, *k.shape[2:])  # [num_tokens, kv_heads, head_dim]
-        v = v.reshape(-1, *v.shape[2:])
-        if q.shape[0] != md.num_tokens:
-            raise ValueError(f"packed row has {q.shape[0]} tokens; metadata describes {md.num_tokens}")
+        q, k, v = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))  # [num_tokens, (kv_)heads, head_dim]
         k_cache, v_cache = self.kv_cache.k_cache[layer_idx], self.kv_cache.v_cache[layer_idx]
         self.store(k, v, k_cache, v_cache)
         out = torch.empty_like(q)
@@ -374,9 +310,7 @@ class PagedAttention:
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, max_context_len) -> torch.Tensor:
         """The decode rows' attention: `paged_decode_attention` (a kernel, in `course_lib.accel`'s subclasses)."""
-        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens,
-                                      max_context_len=max_context_len)
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len)
 
     def advance(self, num_tokens: int) -> None:
-        """Called by the model once per forward; the engine tracks each sequence's length itself."""
-        self.done = True
+        """Nothing to do: the engine tracks each sequence's length and passes positions."""

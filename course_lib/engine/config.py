@@ -1,11 +1,5 @@
 """`EngineConfig`: every option of `LLM(...)` but the model, device and dtype, checked once, in one object
 (vLLM's `EngineArgs` -> config). `LLM`, `LLMEngine`, the server and the tensor-parallel workers take it whole.
-
-    the model's layers   quantization, group_size
-    this machine's speed accel, compile_decode, enforce_eager (`course_lib.accel`'s plan)
-    decoding             speculative_config, batch_invariant, tensor_parallel_size
-    serving              block_size, kv_cache_memory, max_num_seqs, max_num_batched_tokens,
-                         enable_prefix_caching, max_model_len
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Checks at the engine's door: a request's prompt, params and ids against the model, before anything is queued.
-
-Each raises TypeError/ValueError naming what is wrong, its `param` set to the field ("prompt", "stop_token_ids",
-"logit_bias"), so bad input never reaches torch (an id outside the vocabulary is an IndexError on the CPU and a
-device-side assert on a GPU).
+Each error names the field (its `param`: "prompt", "stop_token_ids", "logit_bias"), so bad input never reaches
+torch (an id outside the vocabulary is an IndexError on the CPU and a device-side assert on a GPU).
 """
 from __future__ import annotations
 

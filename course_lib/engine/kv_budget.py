@@ -1,16 +1,11 @@
 """The KV cache a default engine reserves: what its seats can use, within what the device can spare.
 
-    need   = max_num_seqs x ceil(max_model_len / block_size) x bytes_per_block
-    cap    = CPU_KV_CACHE_BYTES on the CPU;  GPU_KV_CACHE_MAX_FRACTION x free memory on CUDA
-    budget = min(need, cap)
+    budget = min(max_num_seqs x ceil(max_model_len / block_size) x bytes_per_block,
+                 CPU_KV_CACHE_BYTES on the CPU, GPU_KV_CACHE_MAX_FRACTION x free memory on CUDA)
 
-vLLM sizes its cache the other way round: `gpu_memory_utilization` (0.9 by default) of the whole card,
-minus weights and profiled activations, all of it KV blocks, because a vLLM server owns its GPU. A course
-notebook does not: it holds a `transformers` reference, a second engine (chapter 08 starts an INT4 one
-beside its float one) or a quantized copy in the same process, often on a 16 GB T4. So a default `LLM()`
-here reserves only what `max_num_seqs` sequences of `max_model_len` tokens can fill, and never more than
-half of the free memory, which leaves room for a second model. A chapter that wants a fixed pool passes
-`kv_cache_memory=` (bytes, or a fraction of free GPU memory, 0.9 as vLLM would).
+vLLM takes 0.9 of the whole card, because a vLLM server owns its GPU. A course notebook does not: it holds a
+`transformers` reference, a second engine or a quantized copy in the same process, often on a 16 GB T4, so
+a default `LLM()` leaves room for them. A chapter that wants a fixed pool passes `kv_cache_memory=`.
 """
 from __future__ import annotations
 
@@ -29,21 +24,15 @@ GPU_KV_CACHE_MAX_FRACTION = 0.5  # the most a default engine reserves on CUDA: t
 
 
 def free_device_memory(device: torch.device) -> int:
-    """Free bytes on a CUDA device (what `torch.cuda.mem_get_info` reports)."""
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(free)
+    return int(torch.cuda.mem_get_info(device)[0])
 
 
 def default_kv_cache_memory(config: ModelConfig, max_num_seqs: int, max_model_len: int | None, block_size: int,
                             device: torch.device | str, dtype: torch.dtype | str,
                             free_memory=free_device_memory) -> int:
     """Bytes of KV cache for `max_num_seqs` sequences of `max_model_len` tokens (None: the model's context),
-    capped by the device: `CPU_KV_CACHE_BYTES`, or `GPU_KV_CACHE_MAX_FRACTION` of `free_memory(device)` on CUDA.
-
-    Under the cap, fewer sequences than `max_num_seqs` may hold a full context at once (the scheduler preempts).
-    A `max_model_len` asked for whose one sequence does not fit under the cap is a ValueError; a default one
-    shrinks later to what the cache holds.
-    """
+    capped by the device (the scheduler preempts when fewer fit). A `max_model_len` asked for whose one sequence
+    does not fit under the cap is a ValueError; a default one shrinks later to what the cache holds."""
     device = torch.device(device)
     length = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
     per_block = PagedKVCache.bytes_per_block(config, block_size, dtype)
@@ -62,11 +51,8 @@ def default_kv_cache_memory(config: ModelConfig, max_num_seqs: int, max_model_le
 
 def kv_pool(config: ModelConfig, engine: EngineConfig, device: torch.device | str, dtype: torch.dtype | str,
             free_memory=free_device_memory) -> tuple[int, int]:
-    """An engine's KV pool, worked out before any tensor exists: (blocks, max_model_len).
-
-    The engine builds its cache from this, and a test sizes every chapter's engines with it for a model and a card
-    it does not have (`free_memory` stands in for the card). A `max_model_len` the pool cannot hold is a ValueError.
-    """
+    """An engine's KV pool, worked out before any tensor exists: (blocks, max_model_len). A test sizes every
+    chapter's engines with it for a card it does not have (`free_memory` stands in for the card)."""
     budget = engine.kv_cache_memory
     if budget is None:  # what max_num_seqs x max_model_len can use, within the device's cap
         budget = default_kv_cache_memory(config, engine.max_num_seqs, engine.max_model_len, engine.block_size,
@@ -86,7 +72,6 @@ def _mib(num_bytes: int) -> str:
 
 
 def make_kv_cache(model, config: EngineConfig) -> tuple[PagedKVCache, int]:
-    """The engine's paged KV cache for `model` (`config.kv_cache_memory`, or the default budget above) and the
-    context window it serves: `config.max_model_len`, refused past the model's context or the cache, else both."""
+    """The engine's paged KV cache for `model` and the context window it serves (`kv_pool`)."""
     num_blocks, max_model_len = kv_pool(model.config, config, model.device, model.dtype)
     return PagedKVCache(model.config, num_blocks, config.block_size, model.device, model.dtype), max_model_len

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from tqdm.auto import tqdm
 
 from ..checks import Integral
 from ..dtypes import resolve_device_dtype
@@ -30,32 +31,11 @@ Prompt = str | list[int]  # text, or token ids already encoded
 class LLM:
     """Load a model once, then generate, chat and stream through the continuous-batching engine.
 
-    `quantization="int8" | "int4"` swaps the linear layers for `QuantLinear`. INT4 uses groups of
-    32 here: the default model's GGUF weights are already 4-bit in blocks of 32, and regrouping them
-    by 128 raises its perplexity (benchmarks/quantization.py).
-
-    `LLM()` is the reference engine: pure PyTorch, the same code on every machine (quantized layers included).
-    `accel=True` applies `course_lib.accel`'s plan for this machine (fused blocks; on the CPU oneDNN packed
-    weights, INT8/INT4 ops and C++ kernels, built here once per machine; Triton attention and quantized kernels
-    on CUDA): the same tokens, faster. `python -m course_lib.accel` prints the plan. Two options are part of that
-    plan: `compile_decode=True` also compiles the decode step with `torch.compile` when the engine starts
-    (minutes on a small CPU, in `llm.engine.stats.compile_seconds`), for benchmarks and serving; and on CUDA,
-    where decode steps run as CUDA graphs, one per batch-size bucket, captured when the engine starts
-    (`llm.engine.stats.cuda_graphs` graphs in `graph_capture_seconds`), `enforce_eager=True` (vLLM's name)
-    runs them eagerly instead, and leaves `compile_decode` as it is.
-
-    `speculative_config` (vLLM's): guess tokens and verify them in one step, e.g. {"method": "ngram",
-    "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"method": "draft_model",
-    "num_speculative_tokens": 4} (the draft: this model in INT4, or "model"). Greedy output stays the same.
-    `batch_invariant=True`: every request gets the same logits whatever else is in its batch (reference
-    engine only; slower). See `engine/speculative.py` and `course_lib/batch_invariant.py`.
-    `tensor_parallel_size=N` (vLLM's name) splits every layer over N processes (`course_lib.parallel`): this one
-    is rank 0 and schedules, N - 1 workers are started here and stopped by `close()` (or `with LLM(...) as llm`,
-    or at exit). Not with `accel` or `compile_decode`; `kv_cache_memory` is per rank.
-
-    Serving options: block_size, kv_cache_memory (bytes, or a fraction of free GPU memory), max_num_seqs,
-    max_num_batched_tokens, enable_prefix_caching, max_model_len. Every option is checked once, into an
-    `EngineConfig` (`engine/config.py`), before the model loads; a misspelled one is named.
+    `LLM()` is the reference engine: pure PyTorch, the same code on every machine. Every option is a field of
+    `EngineConfig` (`engine/config.py`), checked once before the model loads: `quantization="int8" | "int4"`,
+    `accel=True` (`course_lib.accel`'s plan for this machine, the same tokens faster; `python -m course_lib.accel`
+    prints it), `speculative_config` (vLLM's), `batch_invariant`, `tensor_parallel_size=N` (N - 1 worker
+    processes, stopped by `close()` or `with LLM(...) as llm`) and the serving limits.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
@@ -124,38 +104,28 @@ class LLM:
     def get_tokenizer(self):
         return self.tokenizer
 
-    def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    def generate(self, prompts: Prompt | list[Prompt],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Serve all prompts together (continuous batching); outputs come back in the order of `prompts`.
-
-        Safe to call from several threads, and while streams are open: each call gets its own outputs.
-        """
+        Safe to call from several threads, and while streams are open: each call gets its own outputs."""
         prompts = as_prompt_list(prompts)
         params = sampling_params or SamplingParams()
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         ids = self.engine.add_requests(prompts, params)  # every prompt checked first: one bad one refuses all
-        bar = None
-        if use_tqdm:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(ids), desc="generate", unit="req")
         final: dict[str, RequestOutput] = {}
-        with closing(self.engine.outputs(ids)) as outputs:  # Ctrl-C or an error aborts what is left
+        with tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm) as bar, \
+                closing(self.engine.outputs(ids)) as outputs:  # Ctrl-C or an error aborts what is left
             for out in outputs:
                 if out.finished:
                     final[out.request_id] = out
-                    if bar is not None:
-                        bar.update(1)
-        if bar is not None:
-            bar.close()
+                    bar.update(1)
         return [final[rid] for rid in ids]
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool = False) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation (or a list of them), then generate.
-
-        Encoded with `Tokenizer.encode_chat`: control text inside a message stays plain text, so no turn can be forged.
-        """
+        Encoded with `Tokenizer.encode_chat`: control text in a message stays plain text, so no turn is forged."""
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError(f"messages must be a non-empty list of {{'role', 'content'}} dicts (or a list of "
                              f"such lists), got {messages!r}")
@@ -164,11 +134,8 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
-        """Yield text deltas of one completion as its tokens are produced.
-
-        Bad input raises here, at the call. Streams may be read in turn, or beside `generate` calls
-        and other threads: each gets exactly its own text.
-        """
+        """Yield text deltas of one completion as its tokens are produced. Bad input raises here, at the call.
+        Streams may be read in turn, or beside `generate` calls and other threads: each gets its own text."""
         params = sampling_params or SamplingParams()
         self.engine.check_request(prompt, params)
         return self._stream(prompt, params)

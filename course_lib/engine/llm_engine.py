@@ -1,16 +1,13 @@
 """`LLMEngine`: requests in, outputs out, one `step()` at a time.
 
-    step():  batch = scheduler.schedule()                     # who runs, how many tokens each (and drafts)
-             tokens = model_runner.run(batch)                 # one packed forward + sampling
-             outputs = scheduler.update_from_output(...)      # append tokens, stop, accept drafts, free finished
-             outputs -> each request's mailbox (OutputRouter); step() returns those of its own requests
+    step():  batch = scheduler.schedule()                      # who runs, how many tokens each (and drafts)
+             tokens = model_runner.run(batch)                  # one packed forward + sampling
+             outputs = scheduler.update_from_output(...)       # append tokens, stop, accept drafts, free finished
+             outputs -> each request's mailbox (`OutputRouter`)
 
-Two ways to drive it:
-  - one driver:   `add_request(...)`, then `step()` in a loop; each step returns the new outputs.
-  - many callers: `add_requests(...)`, then `outputs(ids)`, which steps the engine until those
-    requests finish. Any number of callers, in any threads, may do this at once: one lock
-    serialises the steps, and the `OutputRouter` hands each caller exactly its own requests'
-    outputs. `LLM.generate`, `LLM.stream` and a server use this way.
+One driver calls `add_request(...)`, then `step()` in a loop. Many callers (`LLM.generate`, `LLM.stream`, a
+server, in any threads) call `add_requests(...)`, then `outputs(ids)`, which steps the engine until those
+requests finish: one lock serialises the steps, and the router hands each caller its own requests' outputs.
 """
 from __future__ import annotations
 
@@ -36,11 +33,8 @@ __all__ = ["EngineConfig", "EngineStats", "LLMEngine"]
 
 
 class LLMEngine:
-    """Continuous-batching engine over a paged KV cache.
-
-    `accel`: a `course_lib.accel.Accelerator` whose kernels the model runner uses, or None (the reference).
-    `speculator`: an `engine.speculative.Speculator` that drafts tokens for decoding sequences, or None.
-    `attention`: an attention backend in place of the reference's or accel's (`course_lib.batch_invariant`)."""
+    """Continuous-batching engine over a paged KV cache. `accel`: a `course_lib.accel.Accelerator`, or None (the
+    reference); `speculator`: a `Speculator`, or None; `attention`: a backend in place of the reference's."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, config: EngineConfig | None = None, accel=None,
                  speculator=None, attention=None):
@@ -65,8 +59,7 @@ class LLMEngine:
 
     # ---- requests in --------------------------------------------------------------------------
     def check_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """Check a prompt (text or token ids) and its params against this model; return its token ids
-        (`engine.inputs.check_request`)."""
+        """Check a prompt (text or token ids) and its params against this model; return its token ids."""
         return check_request(prompt, params, self.tokenizer, self.model.config.vocab_size, self.max_model_len)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -171,13 +164,9 @@ class LLMEngine:
                 self.abort_request(seq.request_id)
             raise
         for out in self.scheduler.update_from_output(batch, tokens, self.stats):
-            self._route(out)
-
-    def _route(self, out: RequestOutput) -> None:
-        """Hand an output to its request's mailbox; a finished request is forgotten."""
-        if out.finished:
-            self._forget(out.request_id)
-        self.router.put(out)
+            if out.finished:
+                self._forget(out.request_id)
+            self.router.put(out)
 
     def _forget(self, request_id: str) -> None:
         """Drop a finished or aborted request and its sampling state (its RNG, its draft model's cache)."""

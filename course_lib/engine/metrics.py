@@ -1,27 +1,15 @@
-"""`RequestMetrics`: one request's timestamps, stamped live by the engine as the request moves; `EngineStats`: the
-engine's counters, step by step.
-
-    arrival ──queue_time──► first_scheduled ──► first_token ──► token ──► ... ──► finished
-       └─────────────── TTFT ─────────────────────┘  └─ ITL ─┘
-       └──────────────────────────── e2e_latency ─────────────────────────────────┘
-
-It lives in the engine, which fills it; `course_lib.profiling.metrics` summarises many of them.
-"""
+"""`RequestMetrics`: one request's timestamps, stamped live by the engine as it moves (see
+`course_lib.profiling.metrics` for the picture and the summaries); `EngineStats`: the engine's counters."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 
 @dataclass
 class RequestMetrics:
-    """Timestamps of one request, in seconds on one clock (`time.perf_counter` by default).
-
-    The `record_*` methods stamp an event now, or at an explicit `t` (tests, replayed logs).
-    Derived latencies are `None` until the events they need have happened.
-    """
+    """Timestamps of one request, in seconds on one clock (`time.perf_counter` by default). The `record_*`
+    methods stamp an event now, or at an explicit `t`; latencies are None until their events have happened."""
 
     arrival_time: float = field(default_factory=time.perf_counter)
     first_scheduled_time: float | None = None
@@ -85,15 +73,12 @@ class RequestMetrics:
     @property
     def itl(self) -> list[float]:
         """Inter-token latencies: the gaps between consecutive output tokens, in seconds."""
-        return np.diff(self.token_times).tolist()
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
 
     @property
     def tpot(self) -> float | None:
-        """Time per output token after the first: (last - first token time) / (tokens - 1), the mean ITL.
-
-        vLLM writes it (e2e - TTFT) / (tokens - 1); the two agree when the finish is stamped with the
-        last token, as the engine does (they differ by microseconds: the last token's detokenization).
-        """
+        """Time per output token after the first: (last - first token time) / (tokens - 1), the mean ITL
+        (vLLM's (e2e - TTFT) / (tokens - 1) when the finish is stamped with the last token, as here)."""
         n = len(self.token_times)
         return None if n < 2 else (self.token_times[-1] - self.token_times[0]) / (n - 1)
 
@@ -101,22 +86,6 @@ class RequestMetrics:
     def e2e_latency(self) -> float | None:
         """Seconds from arrival to finish."""
         return None if self.finished_time is None else self.finished_time - self.arrival_time
-
-    def as_dict(self) -> dict[str, float | int | str | None]:
-        """One flat row: ids, token counts and the scalar latencies (ITL as its mean)."""
-        itl = self.itl
-        return {
-            "request_id": self.request_id,
-            "prompt_tokens": self.num_prompt_tokens,
-            "output_tokens": self.num_output_tokens,
-            "queue_time": self.queue_time,
-            "ttft": self.ttft,
-            "tpot": self.tpot,
-            "itl_mean": float(np.mean(itl)) if itl else None,
-            "e2e_latency": self.e2e_latency,
-            "acceptance_rate": self.acceptance_rate,
-            "mean_accepted_length": self.mean_accepted_length,
-        }
 
 
 @dataclass
@@ -139,11 +108,6 @@ class EngineStats:
     spec_num_drafts: int = 0  # speculative decoding: verifications of drafted tokens
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
-
-    @property
-    def spec_acceptance_rate(self) -> float | None:
-        """The share of drafted tokens the model accepted, over the engine's life."""
-        return self.spec_num_accepted_tokens / self.spec_num_draft_tokens if self.spec_num_draft_tokens else None
 
     @property
     def spec_mean_accepted_length(self) -> float | None:

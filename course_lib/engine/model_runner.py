@@ -22,20 +22,13 @@ from .scheduler import ScheduledBatch
 
 
 class ModelRunner:
-    """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`.
-
-    `accel` (a `course_lib.accel.Accelerator`, or None for the reference engine) supplies the attention backend
-    and a decode graph for decode-only steps (CUDA graphs, or a compiled step: made here, once). `attention`
-    overrides the backend (`course_lib.batch_invariant`); `speculator` verifies drafted tokens (`engine.speculative`).
-    """
+    """Owns the paged KV memory and the sampler; runs one step of a `ScheduledBatch`. `accel` (None for the
+    reference) supplies the attention backend and a decode graph for decode-only steps (CUDA graphs or a compiled
+    step); `attention` overrides the backend (`course_lib.batch_invariant`); `speculator` verifies drafts."""
 
     def __init__(self, model: Transformer, kv_cache: PagedKVCache, accel=None, attention=None, speculator=None):
-        self.model = model
-        self.kv_cache = kv_cache
-        # (kv_cache, metadata) -> backend
-        self.attention = attention or (PagedAttention if accel is None else accel.attention)
-        self.sampler = Sampler()
-        self.speculator = speculator
+        self.model, self.kv_cache, self.speculator, self.sampler = model, kv_cache, speculator, Sampler()
+        self.attention = attention or (PagedAttention if accel is None else accel.attention)  # (cache, meta) -> kv
         self.decode_graph = None if accel is None else accel.decode_step(model, kv_cache)
 
     @torch.inference_mode()

@@ -1,19 +1,10 @@
-"""`OutputRouter`: every request's outputs go to that request's own mailbox, never to someone else.
+"""`OutputRouter`: every request's outputs go to that request's own mailbox, never to someone else's.
 
-One engine serves many callers at once: two `generate` calls in two threads, a chat widget
-streaming while a cell runs `generate`, a server's requests. Whoever steps the engine produces
-outputs for *all* running requests, so each output is put in the mailbox of the request it belongs
-to, and each caller takes only its own (vLLM's `RequestOutputCollector` is the model):
-
-    step 7 (driven by caller A):  outputs for a1, a2, b1   ->  mailboxes a1, a2 (A's)  b1 (B's)
-    caller B, later:              take(b1)                  ->  b1's output of step 7 (nothing lost)
-
-A mailbox holds at most one output: an output that arrives before the last was taken replaces it,
-with the two text deltas joined (outputs carry the whole text and token ids so far; only the
-delta is "since last time"). So a reader that falls behind loses no text and memory stays bounded.
-
-A mailbox is *claimed* when a reader waits on it (`LLMEngine.outputs`); unclaimed mailboxes belong
-to whoever drives the engine with `LLMEngine.step()`, which drains them.
+Whoever steps the engine produces outputs for *all* running requests (two `generate` calls in two threads, a
+stream beside them, a server's requests), so each caller takes only its own (vLLM's `RequestOutputCollector`).
+A mailbox holds the newest output not yet taken: one that arrives first is replaced, the two text deltas
+joined, so a reader that falls behind loses no text and memory stays bounded. A mailbox is *claimed* when a
+reader waits on it (`LLMEngine.outputs`); unclaimed ones belong to the driver of `LLMEngine.step()`.
 """
 from __future__ import annotations
 
@@ -43,9 +34,6 @@ class OutputRouter:
         self._boxes.pop(request_id, None)
         self._claimed.discard(request_id)
 
-    def is_claimed(self, request_id: str) -> bool:
-        return request_id in self._claimed
-
     def check_claimed(self, request_ids) -> None:
         """Refuse ids that no reader may wait on: not added to be read (`add_requests`), or finished."""
         unknown = [rid for rid in request_ids if rid not in self._claimed]
@@ -63,7 +51,7 @@ class OutputRouter:
 
     def put_final(self, out: RequestOutput) -> None:
         """An aborted request's last output: to its reader if one waits, else its mailbox just closes."""
-        if self.is_claimed(out.request_id):
+        if out.request_id in self._claimed:
             self.put(out)
         else:
             self.close(out.request_id)

@@ -1,19 +1,11 @@
 """`Scheduler`: which sequences run this step, and how many of their tokens.
 
-Continuous batching (Orca, vLLM): every step is one forward over a packed batch that mixes
-  - one token for each running sequence in decode, and
-  - prefill work for sequences whose prompt is not computed yet, in chunks,
-within `max_num_batched_tokens` tokens and `max_num_seqs` sequences. A sequence joins the
-batch as soon as blocks are free and leaves the moment it finishes: no waiting for the slowest.
-
-Every sequence is handled the same way: it needs `len(seq) - seq.num_computed_tokens` more
-tokens computed (a whole prompt, the rest of a chunked prompt, or 1 in decode). When KV blocks
-run out, the youngest running sequence is preempted: its blocks are freed and it goes back to
-the front of the queue, to be recomputed (prompt + what it generated) when memory allows.
-
-After the step, `update_from_output` (vLLM v1's name) is the one place a step's results land: computed tokens
-counted, sampled tokens appended (each through the stop checks), verified drafts accepted or rejected,
-finished sequences freed.
+Continuous batching (Orca, vLLM): every step is one forward over a packed batch that mixes one token for each
+decoding sequence with prompt chunks, within `max_num_batched_tokens` tokens and `max_num_seqs` sequences. A
+sequence joins as soon as blocks are free and leaves the moment it finishes. Each needs `len(seq) -
+seq.num_computed_tokens` more tokens computed (a prompt, the rest of one, or 1 in decode). When blocks run out,
+the youngest running sequence is preempted: its blocks are freed and it goes back to the front of the queue,
+to be recomputed later. `update_from_output` (vLLM v1's name) is the one place a step's results land.
 """
 from __future__ import annotations
 
@@ -28,15 +20,10 @@ from .speculative import accept_drafts
 
 @dataclass
 class SchedulerConfig:
-    """Per-step limits. Checked on creation."""
+    """Per-step limits (the engine's come checked from `EngineConfig`)."""
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
@@ -47,9 +34,12 @@ class ScheduledBatch:
     num_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
 
-    def add(self, seq: Sequence, n: int) -> None:
+    def add(self, seq: Sequence, budget: int) -> int:
+        """Schedule as many of seq's uncomputed tokens as `budget` allows; returns how many."""
+        n = min(len(seq) - seq.num_computed_tokens, budget)
         self.seqs.append(seq)
         self.num_tokens.append(n)
+        return n
 
     @property
     def total_tokens(self) -> int:
@@ -80,13 +70,11 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0:  # preempting shortens self.running from its end
             seq = self.running[i]
             if not self._make_room(seq, batch):
                 break  # seq preempted itself: nothing younger is left running
-            n = min(len(seq) - seq.num_computed_tokens, budget)
-            batch.add(seq, n)
-            budget -= n
+            budget -= batch.add(seq, budget)
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
@@ -98,9 +86,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             seq.metrics.record_scheduled()
             self.running.append(seq)
-            n = min(len(seq) - seq.num_computed_tokens, budget)
-            batch.add(seq, n)
-            budget -= n
+            budget -= batch.add(seq, budget)
         return batch
 
     def _make_room(self, seq: Sequence, batch: ScheduledBatch) -> bool:

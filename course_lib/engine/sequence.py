@@ -54,9 +54,7 @@ class Sequence:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  tokenizer: Tokenizer, prompt: str | None = None, arrival_time: float | None = None,
                  max_model_len: int | None = None):
-        self.request_id = request_id
-        self.prompt = prompt
-        self.params = params
+        self.request_id, self.prompt, self.params = request_id, prompt, params
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt + output
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_model_len = max_model_len or 1 << 62  # the context window: a sequence never grows past it
@@ -148,11 +146,8 @@ class Sequence:
         return delta
 
     def _stop_prefix_len(self) -> int:
-        """Length of the longest unsent tail of `text` that some stop string begins with (0 if none).
-
-        Per stop string, only starts within the last len(stop) - 1 characters that hold its first character
-        are tried, longest tail first, so a long stop string costs little per token.
-        """
+        """Length of the longest unsent tail of `text` that some stop string begins with (0 if none); only the
+        last len(stop) - 1 characters' occurrences of its first character are tried, longest tail first."""
         text, longest = self.text, 0
         for stop in self.params.stop:
             at = text.find(stop[0], max(self._emitted, len(text) - len(stop) + 1))

@@ -1,39 +1,28 @@
 """Speculative decoding: guess a few tokens cheaply, check them all in one forward pass of the model.
 
-A decode step reads every weight to make one token (chapter 05: bandwidth-bound), and a step over k + 1 tokens
-reads them once too. So if something cheap guesses the next k tokens, the model can verify all of them in one
-step, nearly for the price of one token, and keep the longest run of guesses it agrees with, plus one token of its
-own at the first disagreement (or after the last guess):
-
-    context ... the cat sat on the | drafts: mat . The  -> one forward over [the, mat, ., The]
-    the model's choice at each position:  mat  .  A  (dog)  -> accept "mat", ".", reject "The", emit "A"
-
-Two proposers, configured as vLLM's `speculative_config`:
+A decode step reads every weight to make one token, and a step over k + 1 tokens reads them once too. So the
+model verifies k guesses for nearly the price of one token, keeps the longest run it agrees with, and adds
+one token of its own at the first disagreement (or after the last guess). Proposers (vLLM's `speculative_config`):
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-        prompt lookup: find the last n tokens earlier in the context, propose what followed them (free; pays on
-        text that repeats its context: edits, code, extraction)
+        prompt lookup: propose what followed the context's last n tokens earlier in it (free)
     {"method": "draft_model", "model": None, "quantization": "int4", "num_speculative_tokens": 4}
         a smaller model drafts token by token; with no `model`, the target itself quantized to INT4
 
-Greedy requests accept a draft token when it is the model's argmax: the output is exactly plain greedy decoding's.
-Sampled requests use the rule of Leviathan et al. and Chen et al. (2023): accept draft token x with probability
-min(1, p(x) / q(x)), where p is the target's distribution and q the draft's; at the first rejection sample from
-max(0, p - q), renormalised. Each emitted token is then distributed exactly as p (`accept_or_resample`).
-Prompt lookup has no q: its q is all on the proposed token.
-
-The engine meets speculation at three points, all here: `Speculator.schedule` (drafts before the scheduler's
-step, trimmed to what it computes), `Speculator.verify` (the model runner's verdict on the logits), and
-`accept_drafts` (the scheduler's update after the step).
+Greedy requests accept a draft when it is the model's argmax, so the output is exactly plain greedy decoding's.
+Sampled requests accept draft x with probability min(1, p(x) / q(x)) and at the first rejection sample from
+max(0, p - q) (Leviathan et al., Chen et al. 2023): each token is then distributed exactly as p.
+The engine meets speculation here only: `Speculator.schedule`, `Speculator.verify` and `accept_drafts`.
 """
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from ..kv_cache import KVCache
 from ..model import Transformer
+from ..sampling_batch import BatchKnobs, processed_logits_batch
 
 METHODS = ("ngram", "draft_model")
 
@@ -56,18 +45,15 @@ class SpeculativeConfig:
             return config
         if not isinstance(config, dict):
             raise TypeError(f"speculative_config must be a dict or None, got {config!r}")
-        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
-                 "quantization"}
-        unknown = sorted(set(config) - known)
+        known = sorted(f.name for f in fields(cls))
+        unknown = sorted(set(config) - set(known))
         if unknown:
-            raise ValueError(f"unknown speculative_config key {unknown[0]!r}; the keys are: {', '.join(sorted(known))}")
-        method = config.get("method", "ngram" if "prompt_lookup_max" in config else None)
-        if method not in METHODS:
-            raise ValueError(f"speculative_config['method'] must be one of {METHODS}, got {method!r}")
-        spec = cls(method=method, **{k: v for k, v in config.items() if k != "method"}) \
-            if "num_speculative_tokens" in config else None
-        if spec is None:
+            raise ValueError(f"unknown speculative_config key {unknown[0]!r}; the keys are: {', '.join(known)}")
+        if "num_speculative_tokens" not in config:
             raise ValueError("speculative_config needs 'num_speculative_tokens' (how many tokens to guess a step)")
+        spec = cls(**{"method": "ngram" if "prompt_lookup_max" in config else None, **config})
+        if spec.method not in METHODS:
+            raise ValueError(f"speculative_config['method'] must be one of {METHODS}, got {spec.method!r}")
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
             value = getattr(spec, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -215,29 +201,25 @@ class Speculator:
     its verified logits allow after it. Needs the engine's sampler for the requests' seeded generators."""
 
     def __init__(self, config: SpeculativeConfig, target: Transformer):
-        self.config = config
-        self.draft: DraftModel | None = None
-        if config.method == "draft_model":
-            if config.model is None:
-                self.draft = DraftModel.from_target(target, config.quantization)
-            else:
-                from ..loading import load_model
-                from ..quant import quantize_model
-
-                model = load_model(config.model, device=target.device, dtype=target.dtype)
-                if model.config.vocab_size != target.config.vocab_size:
-                    raise ValueError(f"the draft model's vocabulary ({model.config.vocab_size}) differs from the "
-                                     f"target's ({target.config.vocab_size}): they must share a tokenizer")
-                if config.quantization is not None:
-                    quantize_model(model, config.quantization, group_size=32)
-                self.draft = DraftModel(model)
+        self.config, self.draft = config, None
         self.draft_probs: dict[str, torch.Tensor | None] = {}  # this step's q of each sampled request
+        if config.method == "draft_model" and config.model is None:
+            self.draft = DraftModel.from_target(target, config.quantization)
+        elif config.method == "draft_model":
+            from ..loading import load_model
+            from ..quant import quantize_model
+
+            model = load_model(config.model, device=target.device, dtype=target.dtype)
+            if model.config.vocab_size != target.config.vocab_size:
+                raise ValueError(f"the draft model's vocabulary ({model.config.vocab_size}) differs from the "
+                                 f"target's ({target.config.vocab_size}): they must share a tokenizer")
+            if config.quantization is not None:
+                quantize_model(model, config.quantization, group_size=32)
+            self.draft = DraftModel(model)
 
     def propose(self, seq, generator: torch.Generator | None = None) -> list[int]:
         """Draft tokens for a sequence about to decode: at most num_speculative_tokens, and never more than its
         max_tokens and the context window leave room for (the step also emits one token of the model's own)."""
-        from ..sampling import processed_logits
-
         room = min(seq.params.max_tokens - seq.num_output_tokens, seq.max_model_len - len(seq)) - 1
         k = min(self.config.num_speculative_tokens, room)
         if k <= 0:
@@ -245,11 +227,10 @@ class Speculator:
         if self.draft is None:
             return ngram_propose(seq.token_ids, k, self.config.prompt_lookup_max, self.config.prompt_lookup_min)
         sample = None
-        if not seq.params.greedy:
-            seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
-
-            def sample(logits):  # the draft's q, with the request's own filters (the penalty on the context)
-                return processed_logits(logits, seq.params, seen.to(logits.device)).softmax(-1)
+        if not seq.params.greedy:  # the draft's q, with the request's own filters (the penalty on the context)
+            model = self.draft.model
+            knobs = BatchKnobs.build([seq.params], [seq.token_ids], model.config.vocab_size, model.device)
+            sample = lambda logits: processed_logits_batch(logits[None], knobs)[0].softmax(-1)  # noqa: E731
         capacity = min(seq.max_model_len, seq.num_prompt_tokens + seq.params.max_tokens)
         drafts, q = self.draft.propose(seq.request_id, seq.token_ids, k, capacity, sample, generator)
         self.draft_probs[seq.request_id] = q
@@ -258,52 +239,36 @@ class Speculator:
     def verify(self, seq, logits: torch.Tensor, drafts: list[int],
                generator: torch.Generator | None = None) -> list[int]:
         """The tokens to emit, from the model's logits [len(drafts) + 1, vocab] at the positions of the last
-        real token and each draft: greedy by `greedy_accept`, sampled by `accept_or_resample`."""
-        from ..sampling import processed_logits
-
-        history = seq.token_ids[:len(seq) - len(drafts)]
-        rows = []
-        for i in range(len(drafts) + 1):  # each position's own filters: the penalty sees the drafts before it
-            seen = None
-            if seq.params.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(history + drafts[:i])), dtype=torch.long, device=logits.device)
-            rows.append(processed_logits(logits[i], seq.params, seen))
-        processed = torch.stack(rows)  # [k + 1, vocab], float32
+        real token and each draft, each row filtered by the request's params (its penalty sees the drafts before
+        it): greedy by `greedy_accept`, sampled by `accept_or_resample`."""
+        history, rows = seq.token_ids[:len(seq) - len(drafts)], len(drafts) + 1
+        knobs = BatchKnobs.build([seq.params] * rows, [history + drafts[:i] for i in range(rows)],
+                                 logits.shape[-1], logits.device)
+        processed = processed_logits_batch(logits, knobs)  # [k + 1, vocab], float32
         q = self.draft_probs.pop(seq.request_id, None)
-        q = None if q is None else q[:len(drafts)]  # the step may have computed fewer drafts than proposed
         if seq.params.greedy:
             return greedy_accept(processed.argmax(-1).tolist(), drafts)
+        q = None if q is None else q[:len(drafts)]  # the step may have computed fewer drafts than proposed
         return accept_or_resample(processed.softmax(-1), q, drafts, generator)
 
     def schedule(self, scheduler, sampler, device: torch.device):
-        """The scheduler's next batch, decoding sequences carrying the drafts it computes (a `ScheduledBatch`)."""
-        proposed = self.add_drafts(scheduler.running, sampler, device)
-        batch = scheduler.schedule()  # gives the drafts slots
-        self.fit_drafts(batch, proposed, scheduler.block_manager)
-        return batch
-
-    def add_drafts(self, running: list, sampler, device: torch.device) -> list:
-        """Before a step: put drafts after the last token of every running sequence that is decoding (its tokens
-        all computed but the last); returns those that got some."""
+        """The scheduler's next batch (a `ScheduledBatch`), each decoding sequence (its tokens all computed but the
+        last) carrying drafts: as many as its step computes, since the token budget may cut them."""
         proposed = []
-        for seq in running:
+        for seq in scheduler.running:
             if seq.num_output_tokens and seq.num_computed_tokens == len(seq) - 1:
                 drafts = self.propose(seq, sampler.generator_for(seq.request_id, seq.params, device))
                 if drafts:
                     seq.add_drafts(drafts)
                     proposed.append(seq)
-        return proposed
-
-    @staticmethod
-    def fit_drafts(batch, proposed: list, block_manager) -> None:
-        """After scheduling: a sequence keeps only the drafts its step computes (the token budget may cut them,
-        or leave it out), and gives back blocks it took for the rest."""
+        batch = scheduler.schedule()  # gives the drafts slots
         scheduled = {id(seq): n for seq, n in zip(batch.seqs, batch.num_tokens)}
-        for seq in proposed:
+        for seq in proposed:  # drafts the step does not compute go, with the blocks they took
             extra = seq.num_draft_tokens - max(0, scheduled.get(id(seq), 0) - 1)
             if extra > 0:
                 seq.drop_drafts(extra)
-                block_manager.trim(seq)
+                scheduler.block_manager.trim(seq)
+        return batch
 
     def release(self, request_id: str) -> None:
         self.draft_probs.pop(request_id, None)

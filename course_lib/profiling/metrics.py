@@ -38,11 +38,20 @@ def percentiles(values: Iterable[float | None], ps: Sequence[float] = PERCENTILE
 
 def metrics_frame(requests: Sequence[RequestMetrics]) -> pd.DataFrame:
     """A tidy table: one row per request, one column per metric (seconds), missing values as NaN."""
-    columns = list(RequestMetrics().as_dict())
-    frame = pd.DataFrame([r.as_dict() for r in requests], columns=columns)
+    columns = list(_row(RequestMetrics()))
+    frame = pd.DataFrame([_row(r) for r in requests], columns=columns)
     latencies = ["queue_time", "ttft", "tpot", "itl_mean", "e2e_latency"]
     frame[latencies] = frame[latencies].astype(float)
     return frame
+
+
+def _row(r: RequestMetrics) -> dict[str, float | int | str | None]:
+    """One flat row: ids, token counts and the scalar latencies (ITL as its mean)."""
+    itl = r.itl
+    return {"request_id": r.request_id, "prompt_tokens": r.num_prompt_tokens, "output_tokens": r.num_output_tokens,
+            "queue_time": r.queue_time, "ttft": r.ttft, "tpot": r.tpot,
+            "itl_mean": float(np.mean(itl)) if itl else None, "e2e_latency": r.e2e_latency,
+            "acceptance_rate": r.acceptance_rate, "mean_accepted_length": r.mean_accepted_length}
 
 
 def _values(requests: Sequence[RequestMetrics], metric: str) -> list[float | None]:
