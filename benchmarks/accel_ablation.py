@@ -29,12 +29,15 @@ from course_lib.chapter import processor_name, quiet_libraries
 from course_lib.dtypes import dtype_name, resolve_dtype
 
 # part -> the plan's fields that turn it off (the first is the part; the others depend on it)
+# (the C++ decode step calls the fused blocks' kernels, the C++ attention and the packed layers: without any of
+# them it is off too, so "no cpp_decode" alone says what running the layers from Python costs)
 ABLATIONS: dict[str, dict] = {
-    "fused_ops": dict(fused_ops=False),
+    "cpp_decode": dict(cpp_decode=False),
+    "fused_ops": dict(fused_ops=False, cpp_decode=False),
     "panel_rows": dict(panel_rows=0),
-    "attention": dict(attention="torch"),
-    "packed_linears": dict(packed_linears=False, panel_rows=0),  # the panels serve a packed layer's few rows
-    "fused_blocks": dict(fused_blocks=False, fused_ops=False),  # the C++ elementwise ops are the fused blocks'
+    "attention": dict(attention="torch", cpp_decode=False),
+    "packed_linears": dict(packed_linears=False, panel_rows=0, cpp_decode=False),  # panels: a packed layer's rows
+    "fused_blocks": dict(fused_blocks=False, fused_ops=False, cpp_decode=False),  # the C++ ops are the blocks'
 }
 FULL, REFERENCE = "full plan", "reference"
 

@@ -28,6 +28,7 @@
 
 #include <array>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -290,6 +291,7 @@ namespace course_lib {
 namespace {
 
 constexpr int64_t kQBlock = 32, kQPanel = 16, kQCodeBytes = 256, kQBlockBytes = 320;
+constexpr int64_t kQPrefetch = 16 * kQBlockBytes;  // blocks are asked for 16 ahead of use (RESULTS.md: the gain)
 enum Isa : int { kScalar = 0, kAvx2 = 1, kAvxVnni = 2, kAvx512Vnni = 3 };
 const char* const kIsaNames[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
 
@@ -412,6 +414,8 @@ void panel_avx512vnni(const PanelArgs& a) {
   const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(static_cast<char>(0xF0));
   for (int64_t b = 0; b < a.B; ++b) {
     const uint8_t* blk = a.w + b * kQBlockBytes;
+    for (int64_t c = 0; c < kQBlockBytes; c += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kQPrefetch + c), _MM_HINT_T0);
     // The high nibbles stay in place (16 x code, at most 240: no overflow in vpdpbusd's int32 sums), and their
     // sum is divided by 16 once, exactly; two independent chains of dot products instead of one.
     __m512i isum[R], isum16[R];
@@ -557,9 +561,20 @@ std::vector<std::string> w4a8_paths() {
   return names;
 }
 
-// x [m, k] (float32 or bfloat16) @ W^T for W packed by pack_w4a8 ([n/16, blocks, 320] uint8) -> [m, n] in x's dtype.
-at::Tensor w4a8_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
-                       const std::string& isa_name) {
+// A W4A8 product in two parts: the rows of x quantized (once), then any range of the weight's panels (one
+// thread's share). w4a8_linear runs the panels with at::parallel_for; DecodeLayers (module.cpp) splits them
+// among the threads of its one parallel region.
+struct W4A8Product {
+  std::vector<int8_t> q;
+  std::vector<float> dx, sx;
+  const uint8_t* w;
+  int isa;
+  int64_t M, B, Kp, NP, out_features;
+  at::Tensor y;  // [M, out_features] in x's dtype
+};
+
+std::shared_ptr<W4A8Product> w4a8_begin(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
+                                        const std::string& isa_name) {
   TORCH_CHECK(x_in.dim() == 2 && (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16),
               "w4a8_linear: x [m, k] float32 or bfloat16");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == kQBlockBytes &&
@@ -570,18 +585,17 @@ at::Tensor w4a8_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t
   TORCH_CHECK(K <= Kp && K > Kp - kQBlock, "w4a8_linear: x has ", K, " features, the weight ", Kp, " (padded)");
   TORCH_CHECK(out_features <= NP * kQPanel && out_features > (NP - 1) * kQPanel, "w4a8_linear: out_features ",
               out_features, " does not fit ", NP, " panels");
-  const PanelKernel* table = kernels(choose_isa(isa_name));
-  auto y = at::empty({M, out_features}, x.options());
-  if (M == 0) return y;
-  std::vector<int8_t> q(M * Kp);
-  std::vector<float> dx(M * B), sx(M * B);
+  auto c = std::make_shared<W4A8Product>();
+  c->q.resize(M * Kp), c->dx.resize(M * B), c->sx.resize(M * B);
+  c->w = packed.data_ptr<uint8_t>(), c->isa = choose_isa(isa_name);
+  c->M = M, c->B = B, c->Kp = Kp, c->NP = M == 0 ? 0 : NP, c->out_features = out_features;
+  c->y = at::empty({M, out_features}, x.options());
   const bool is_float = x.scalar_type() == at::kFloat;
   const void* xp = x.data_ptr();
-  void* yp = y.data_ptr();
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      int8_t* qr = q.data() + r * Kp;
-      float *dr = dx.data() + r * B, *sr = sx.data() + r * B;
+      int8_t* qr = c->q.data() + r * Kp;
+      float *dr = c->dx.data() + r * B, *sr = c->sx.data() + r * B;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
       if (is_float) quantize_row_avx512(static_cast<const float*>(xp) + r * K, K, B, qr, dr, sr);
       else quantize_row_avx512(static_cast<const at::BFloat16*>(xp) + r * K, K, B, qr, dr, sr);
@@ -591,28 +605,44 @@ at::Tensor w4a8_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t
 #endif
     }
   });
-  const uint8_t* W = packed.data_ptr<uint8_t>();
-  at::parallel_for(0, NP, 1, [&](int64_t begin, int64_t end) {
-    float out[kQRows * kQPanel];
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n0 = p * kQPanel, width = std::min(kQPanel, out_features - n0);
-      for (int64_t r0 = 0; r0 < M; r0 += kQRows) {
-        const int64_t R = std::min<int64_t>(kQRows, M - r0);
-        table[R - 1]({q.data() + r0 * Kp, dx.data() + r0 * B, sx.data() + r0 * B, Kp, B, W + p * B * kQBlockBytes,
-                      out});
-        for (int64_t r = 0; r < R; ++r) {
-          const int64_t first = (r0 + r) * out_features + n0;
-          if (is_float) {
-            std::memcpy(static_cast<float*>(yp) + first, out + r * kQPanel, width * 4);
-          } else {
-            at::BFloat16* yr = static_cast<at::BFloat16*>(yp) + first;
-            for (int64_t o = 0; o < width; ++o) yr[o] = at::BFloat16(out[r * kQPanel + o]);
-          }
+  return c;
+}
+
+int64_t w4a8_panel_count(const W4A8Product& c) { return c.NP; }
+at::Tensor w4a8_output(const W4A8Product& c) { return c.y; }
+
+// Outputs of panels [begin, end) for every row.
+void w4a8_run_panels(const W4A8Product& c, int64_t begin, int64_t end) {
+  const bool is_float = c.y.scalar_type() == at::kFloat;
+  void* yp = c.y.data_ptr();
+  const int64_t M = c.M, B = c.B, Kp = c.Kp, N = c.out_features;
+  const PanelKernel* table = kernels(c.isa);
+  float out[kQRows * kQPanel];
+  for (int64_t p = begin; p < end; ++p) {
+    const int64_t n0 = p * kQPanel, width = std::min(kQPanel, N - n0);
+    for (int64_t r0 = 0; r0 < M; r0 += kQRows) {
+      const int64_t R = std::min<int64_t>(kQRows, M - r0);
+      table[R - 1]({c.q.data() + r0 * Kp, c.dx.data() + r0 * B, c.sx.data() + r0 * B, Kp, B,
+                      c.w + p * B * kQBlockBytes, out});
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t first = (r0 + r) * N + n0;
+        if (is_float) {
+          std::memcpy(static_cast<float*>(yp) + first, out + r * kQPanel, width * 4);
+        } else {
+          at::BFloat16* yr = static_cast<at::BFloat16*>(yp) + first;
+          for (int64_t o = 0; o < width; ++o) yr[o] = at::BFloat16(out[r * kQPanel + o]);
         }
       }
     }
-  });
-  return y;
+  }
+}
+
+// x [m, k] (float32 or bfloat16) @ W^T for W packed by pack_w4a8 ([n/16, blocks, 320] uint8) -> [m, n] in x's dtype.
+at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                       const std::string& isa_name) {
+  const auto c = w4a8_begin(x, packed, out_features, isa_name);
+  at::parallel_for(0, c->NP, 1, [&](int64_t begin, int64_t end) { w4a8_run_panels(*c, begin, end); });
+  return c->y;
 }
 
 }  // namespace course_lib

@@ -5,8 +5,14 @@
 
 #include <torch/library.h>
 #include <torch/python.h>
+#include <ATen/Parallel.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <cstring>
+#include <exception>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +37,12 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
                        int64_t many_rows);
 std::vector<std::string> w4a8_paths();
 at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, const std::string& isa);
+struct W4A8Product;  // x quantized for one W4A8 product, and its output
+std::shared_ptr<W4A8Product> w4a8_begin(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                                        const std::string& isa);
+int64_t w4a8_panel_count(const W4A8Product& c);
+at::Tensor w4a8_output(const W4A8Product& c);
+void w4a8_run_panels(const W4A8Product& c, int64_t begin, int64_t end);
 // attention.cpp
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                   at::Tensor block_tables, at::Tensor context_lens,
@@ -65,42 +77,128 @@ class DecodeLayers {
  public:
   DecodeLayers(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps)
       : heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(eps) {}
-  void add(DecodeLayer layer) { layers_.push_back(std::move(layer)); }
+  void add(DecodeLayer layer) {
+    for (const auto* l : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) all_w4a8_ &= l->w4a8 && !l->bias;
+    layers_.push_back(std::move(layer));
+  }
   int64_t size() const { return int64_t(layers_.size()); }
 
   // cos, sin [n, head_dim]; block_tables [n, blocks] int32; context_lens [n] int32 (the new token included);
   // slots [n] int64 (the new token's flat cache slot, -1: none).
   at::Tensor run(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& block_tables,
                  const at::Tensor& context_lens, const at::Tensor& slots) const {
-    const int64_t n = x.size(0), q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
-    TORCH_CHECK(x.dim() == 2 && slots.numel() == n && slots.scalar_type() == at::kLong,
+    TORCH_CHECK(x.dim() == 2 && slots.numel() == x.size(0) && slots.scalar_type() == at::kLong,
                 "DecodeLayers.run: x [n, hidden], slots [n] int64");
-    const int64_t* slot = slots.data_ptr<int64_t>();
+#ifdef _OPENMP
+    if (all_w4a8_ && at::get_num_threads() > 1 && !at::in_parallel_region())
+      return run_in_one_region(x, cos, sin, block_tables, context_lens, slots);
+#endif
     for (const auto& L : layers_) {
       auto qkv = L.qkv(rms_norm(x, L.input_norm, eps_));  // [n, q + 2 kv]
-      rope_qk_(qkv, cos, sin, heads_ + kv_heads_, head_dim_);
-      const int64_t row_bytes = kv_size * qkv.element_size();
-      char* base = static_cast<char*>(qkv.data_ptr());
-      for (int64_t i = 0; i < n; ++i) {  // store_kvcache: this token's k and v at its slot
-        if (slot[i] < 0) continue;
-        char* row = base + i * qkv.size(1) * qkv.element_size();
-        std::memcpy(static_cast<char*>(L.k_cache.data_ptr()) + slot[i] * row_bytes, row + q_size * qkv.element_size(),
-                    row_bytes);
-        std::memcpy(static_cast<char*>(L.v_cache.data_ptr()) + slot[i] * row_bytes,
-                    row + (q_size + kv_size) * qkv.element_size(), row_bytes);
-      }
-      auto q = qkv.narrow(1, 0, q_size).reshape({n, heads_, head_dim_});
-      auto attn = paged_decode_attention(q, L.k_cache, L.v_cache, block_tables, context_lens, c10::nullopt,
-                                         c10::nullopt);  // [n, heads, head_dim]
-      auto sum_norm = add_rms_norm(x, L.o(attn.view({n, q_size})), L.post_attention_norm, eps_);
+      auto sum_norm = add_rms_norm(x, L.o(attend(L, qkv, cos, sin, block_tables, context_lens, slots)),
+                                   L.post_attention_norm, eps_);
       x = sum_norm[0] + L.down(silu_mul(L.gate_up(sum_norm[1])));
     }
     return x;
   }
 
  private:
+  // RoPE on qkv [n, q + 2 kv] in place, its k and v stored at their slots, attention -> [n, q].
+  at::Tensor attend(const DecodeLayer& L, const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                    const at::Tensor& block_tables, const at::Tensor& context_lens, const at::Tensor& slots) const {
+    const int64_t n = qkv.size(0), q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
+    rope_qk_(qkv, cos, sin, heads_ + kv_heads_, head_dim_);
+    const int64_t* slot = slots.data_ptr<int64_t>();
+    const int64_t e = qkv.element_size(), row_bytes = kv_size * e;
+    const char* base = static_cast<const char*>(qkv.data_ptr());
+    for (int64_t i = 0; i < n; ++i) {  // store_kvcache: this token's k and v at its slot
+      if (slot[i] < 0) continue;
+      const char* row = base + i * qkv.size(1) * e;
+      std::memcpy(static_cast<char*>(L.k_cache.data_ptr()) + slot[i] * row_bytes, row + q_size * e, row_bytes);
+      std::memcpy(static_cast<char*>(L.v_cache.data_ptr()) + slot[i] * row_bytes, row + (q_size + kv_size) * e,
+                  row_bytes);
+    }
+    auto q = qkv.narrow(1, 0, q_size).reshape({n, heads_, head_dim_});
+    return paged_decode_attention(q, L.k_cache, L.v_cache, block_tables, context_lens, c10::nullopt, c10::nullopt)
+        .view({n, q_size});
+  }
+
+#ifdef _OPENMP
+  // The same steps for a model whose linear layers are all W4A8 (an INT4 model) inside one OpenMP parallel
+  // region: each product's panels split among the threads, the steps between products on the calling thread,
+  // barriers between. Starting a parallel region for each product (w4a8_linear) costs more than a small
+  // layer's product takes; a barrier costs a fraction of that.
+  at::Tensor run_in_one_region(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
+                               const at::Tensor& block_tables, const at::Tensor& context_lens,
+                               const at::Tensor& slots) const {
+    std::shared_ptr<W4A8Product> product;
+    std::exception_ptr error;
+    auto serial = [&](auto&& step) {  // on the calling thread; an exception stops the loop, rethrown after it
+      if (error) return;
+      try {
+        step();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    };
+    auto begin = [&](const at::Tensor& in, const DecodeLinear& l) {
+      product = w4a8_begin(in, l.weight, l.out_features, l.w4a8_isa);
+    };
+#pragma omp parallel num_threads(at::get_num_threads())
+    {
+      const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
+      auto share = [&] {  // this thread's panels of the product begun on the calling thread
+#pragma omp barrier
+        if (!error) {
+          const int64_t panels = w4a8_panel_count(*product), per = (panels + threads - 1) / threads;
+          w4a8_run_panels(*product, std::min(panels, thread * per), std::min(panels, (thread + 1) * per));
+        }
+#pragma omp barrier
+      };
+      for (const auto& L : layers_) {
+#pragma omp master
+        serial([&] { begin(rms_norm(x, L.input_norm, eps_), L.qkv); });
+        share();
+#pragma omp master
+        serial([&] { begin(attend(L, w4a8_output(*product), cos, sin, block_tables, context_lens, slots), L.o); });
+        share();
+#pragma omp master
+        serial([&] {
+          auto sum_norm = add_rms_norm(x, w4a8_output(*product), L.post_attention_norm, eps_);
+          x = sum_norm[0];
+          begin(sum_norm[1], L.gate_up);
+        });
+        share();
+#pragma omp master
+        serial([&] { begin(silu_mul(w4a8_output(*product)), L.down); });
+        share();
+#pragma omp master
+        serial([&] { add_(x, w4a8_output(*product)); });
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    return x;
+  }
+
+  // x += y in place (the residual add): each sum in float, rounded once to x's dtype, as at::add does.
+  static void add_(at::Tensor& x, const at::Tensor& y) {
+    const auto dtype = x.scalar_type();
+    if (y.scalar_type() != dtype || !x.is_contiguous() || !y.is_contiguous() ||
+        (dtype != at::kFloat && dtype != at::kBFloat16)) {
+      x = x + y;
+      return;
+    }
+    AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dtype, "add_", [&] {
+      scalar_t* xp = x.data_ptr<scalar_t>();
+      const scalar_t* yp = y.data_ptr<scalar_t>();
+      for (int64_t i = 0; i < x.numel(); ++i) xp[i] = scalar_t(static_cast<float>(xp[i]) + static_cast<float>(yp[i]));
+    });
+  }
+#endif
+
   int64_t heads_, kv_heads_, head_dim_;
   double eps_;
+  bool all_w4a8_ = true;
   std::vector<DecodeLayer> layers_;
 };
 }  // namespace course_lib
