@@ -162,12 +162,9 @@ class DraftModel:
                                                       self.model.dtype)
             self.known[request_id] = []
         known = self.known[request_id]
-        same = 0  # the draft's cache is valid up to the first token that differs from the context
-        for a, b in zip(known, token_ids):
-            if a != b:
-                break
+        same = 0  # the cache is valid up to the first token that differs; the last always goes through the model
+        while same < min(len(known), len(token_ids) - 1) and known[same] == token_ids[same]:
             same += 1
-        same = min(same, len(token_ids) - 1)  # at least the last token goes through the model
         k = min(k, cache.max_seq_len - len(token_ids))
         if k <= 0:
             return [], None
