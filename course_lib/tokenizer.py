@@ -1,59 +1,14 @@
 """Text <-> token ids with the model's own vocabulary, its chat template, and a streaming detokenizer.
 
-`Tokenizer` wraps a Hugging Face `tokenizers.Tokenizer` (Rust), built from a GGUF file's vocabulary and merges or
-read from a directory's `tokenizer.json`. `course_lib.bpe` writes the same byte-level BPE in Python for teaching.
+`Tokenizer` wraps a Hugging Face `tokenizers.Tokenizer` (Rust) that `course_lib.loading.load_tokenizer` builds from
+a GGUF file or a `tokenizer.json`. `course_lib.bpe` writes the same byte-level BPE in Python for teaching.
 """
 from __future__ import annotations
 
 import re
-import warnings
 from functools import cached_property
-from pathlib import Path
-from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
-
-from .loading import read_json_object, resolve_model
-
-# How each vocabulary splits text into words before BPE (llama.cpp's `tokenizer.ggml.pre`).
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-
-def _pre_tokenizer(pre: str | None):
-    if pre == "smollm":  # SmolLM: every digit its own word, then GPT-2's byte-level split
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    split = {"llama3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}.get(pre or "")
-    if split:
-        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    if pre not in (None, "default", "gpt2"):
-        warnings.warn(f"unknown GGUF pre-tokenizer {pre!r}: using GPT-2's split; ids may differ from the original")
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-
-def tokenizer_from_gguf_data(data: dict[str, Any]) -> HFTokenizer:
-    """Build a byte-level BPE `tokenizers.Tokenizer` from a GGUF file's vocabulary and merges."""
-    if data["model"] != "gpt2":
-        raise ValueError(f"only byte-level BPE (GGUF tokenizer model 'gpt2') is supported, not {data['model']!r}")
-    vocab = {tok: i for i, tok in enumerate(data["tokens"])}
-    merges = [tuple(m.split(" ", 1)) for m in data["merges"]]
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = _pre_tokenizer(data["pre"])
-    tok.decoder = decoders.ByteLevel()
-    control = [AddedToken(t, special=True, normalized=False)
-               for t, kind in zip(data["tokens"], data["token_type"]) if kind == 3]  # 3 = CONTROL
-    tok.add_special_tokens(control)
-    return tok
-
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 CONTENT_OPEN, CONTENT_CLOSE = "\ufdd0", "\ufdd1"  # Unicode noncharacters: they mark message content in a rendering
@@ -208,40 +163,6 @@ class Tokenizer:
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else self.backend.id_to_token(token_id)
-
-
-def load_tokenizer(model: str | Path | None = None) -> Tokenizer:
-    """The tokenizer of `model` (same names as `load_model`: None, a directory, a .gguf file, a Hub id)."""
-    files = resolve_model(model)
-    if files.kind == "gguf":
-        from .gguf_file import read_gguf_tokenizer_data
-
-        data = read_gguf_tokenizer_data(files.path)
-        eos = [data["eos_token_id"]] if data["eos_token_id"] is not None else []
-        return Tokenizer(tokenizer_from_gguf_data(data), data["bos_token_id"], eos,
-                         data["chat_template"], data["add_bos_token"], files.name)
-    path = files.path
-    if not (path / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"no tokenizer.json in {path}")
-    try:
-        backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
-    except Exception as e:  # the Rust library raises a bare Exception
-        raise ValueError(f"{path / 'tokenizer.json'} is not valid JSON or not a tokenizer file: {e}") from e
-    cfg_file = path / "tokenizer_config.json"
-    cfg = read_json_object(cfg_file) if cfg_file.is_file() else {}
-    model_cfg = read_json_object(path / "config.json")
-    template = cfg.get("chat_template")
-    if template is None and (path / "chat_template.jinja").is_file():
-        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
-    eos = model_cfg.get("eos_token_id")
-    eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    if cfg.get("eos_token"):
-        eos_tok = cfg["eos_token"]["content"] if isinstance(cfg["eos_token"], dict) else cfg["eos_token"]
-        tid = backend.token_to_id(eos_tok)
-        if tid is not None and tid not in eos_ids:
-            eos_ids.append(tid)
-    return Tokenizer(backend, model_cfg.get("bos_token_id"), eos_ids, template,
-                     bool(cfg.get("add_bos_token", False)), files.name)
 
 
 class StreamingDetokenizer:

@@ -26,8 +26,8 @@ from course_lib.chapter import GPU_MODEL, ChapterSetup
 from course_lib.config import ModelConfig
 from course_lib.engine.kv_budget import kv_pool
 from course_lib.engine.llm_engine import EngineConfig
+from course_lib.loading import load_tokenizer
 from course_lib.profiling.loadtest import synthetic_prompt_ids
-from course_lib.tokenizer import load_tokenizer
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 

@@ -20,11 +20,9 @@ class AttentionBackend(Protocol):
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [batch, seq, heads, head_dim], k/v [batch, seq, kv_heads, head_dim] -> [batch, seq, heads, head_dim]."""
-        ...
 
     def advance(self, num_tokens: int) -> None:
         """Called once per forward after the last layer."""
-        ...
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> torch.Tensor:

@@ -15,11 +15,8 @@ import torch
 
 
 def online_softmax(x: torch.Tensor, block_size: int = 4) -> torch.Tensor:
-    """softmax over the last dim of x, with the normaliser (max and sum) found in one blocked pass.
-
-    Pass 1 reads x block by block and keeps the running max m and running sum l = sum exp(x - m).
-    Pass 2 writes exp(x - m) / l. Equal to `x.softmax(-1)` up to float rounding.
-    """
+    """softmax over the last dim of x: one blocked pass keeps the running max m and sum l = sum exp(x - m), a
+    second writes exp(x - m) / l. Equal to `x.softmax(-1)` up to float rounding."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     m = torch.full(x.shape[:-1] + (1,), float("-inf"), dtype=torch.float32, device=x.device)  # [..., 1]
@@ -35,12 +32,9 @@ def online_softmax(x: torch.Tensor, block_size: int = 4) -> torch.Tensor:
 
 def online_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int = 64,
                              start: int = 0, causal: bool = True) -> torch.Tensor:
-    """softmax(Q K^T / sqrt(d) [+ causal mask]) V, one block of keys at a time (FlashAttention's loop).
-
-    Same layout and meaning as `course_lib.attention.causal_attention`: q [B, Tq, H, D],
-    k, v [B, Tk, KVH, D] (GQA: query head h reads KV head h // (H // KVH)); query i sits at
-    position start + i. Returns [B, Tq, H, D].
-    """
+    """softmax(Q K^T / sqrt(d) [+ causal mask]) V, one block of keys at a time (FlashAttention's loop), laid out
+    as `causal_attention`: q [B, Tq, H, D], k, v [B, Tk, KVH, D] (GQA: query head h reads KV head h // (H // KVH)),
+    query i at position start + i. Returns [B, Tq, H, D]."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     B, Tq, H, D = q.shape

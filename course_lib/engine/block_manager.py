@@ -106,13 +106,10 @@ class BlockManager:
         self._check_free(missing, "can_append")
         seq.block_table.extend(self._allocate_block() for _ in range(missing))
 
-    def trim(self, seq) -> int:
-        """Give back the blocks past what the sequence's tokens need (the slots of rejected speculative drafts);
-        returns how many."""
-        extra = max(0, len(seq.block_table) - self.num_blocks_for(len(seq.token_ids)))
-        for _ in range(extra):
+    def trim(self, seq) -> None:
+        """Give back the blocks past what the sequence's tokens need (the slots of rejected speculative drafts)."""
+        while len(seq.block_table) > self.num_blocks_for(len(seq.token_ids)):
             self._release(seq.block_table.pop())
-        return extra
 
     def cache_full_blocks(self, seq, num_computed_tokens: int) -> None:
         """Register the sequence's full blocks whose K/V are now computed, so later prompts can reuse them."""

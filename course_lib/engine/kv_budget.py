@@ -69,9 +69,3 @@ def kv_pool(config: ModelConfig, engine: EngineConfig, device: torch.device | st
 
 def _mib(num_bytes: int) -> str:
     return f"{num_bytes / 2**20:,.1f} MiB"
-
-
-def make_kv_cache(model, config: EngineConfig) -> tuple[PagedKVCache, int]:
-    """The engine's paged KV cache for `model` and the context window it serves (`kv_pool`)."""
-    num_blocks, max_model_len = kv_pool(model.config, config, model.device, model.dtype)
-    return PagedKVCache(model.config, num_blocks, config.block_size, model.device, model.dtype), max_model_len

@@ -16,10 +16,10 @@ from tqdm.auto import tqdm
 
 from ..checks import Integral
 from ..dtypes import resolve_device_dtype
-from ..loading import load_model
+from ..loading import load_model, load_tokenizer
 from ..model import Transformer
 from ..sampling import SamplingParams
-from ..tokenizer import Tokenizer, load_tokenizer
+from ..tokenizer import Tokenizer
 from .config import EngineConfig
 from .llm_engine import LLMEngine
 from .speculative import Speculator

@@ -22,7 +22,7 @@ from ..tokenizer import Tokenizer
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .inputs import check_request, check_request_id
-from .kv_budget import make_kv_cache
+from .kv_budget import kv_pool
 from .metrics import EngineStats
 from .model_runner import ModelRunner
 from .output_router import OutputRouter
@@ -40,8 +40,10 @@ class LLMEngine:
                  speculator=None, attention=None):
         self.model, self.tokenizer, self.speculator = model, tokenizer, speculator
         self.config = config = config or EngineConfig()
-        kv_cache, self.max_model_len = make_kv_cache(model, config)  # refuses a max_model_len it cannot hold
-        self.block_manager = BlockManager(kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
+        # the KV pool in blocks, and the context window it serves (a max_model_len it cannot hold is refused)
+        num_blocks, self.max_model_len = kv_pool(model.config, config, model.device, model.dtype)
+        kv_cache = PagedKVCache(model.config, num_blocks, config.block_size, model.device, model.dtype)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens),
                                    self.block_manager)
         # last: with accel the runner captures the CUDA graphs (or compiles the decode step), seconds to minutes

@@ -41,13 +41,6 @@ class ScheduledBatch:
         self.num_tokens.append(n)
         return n
 
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.num_tokens)
-
-    def __len__(self) -> int:
-        return len(self.seqs)
-
 
 class Scheduler:
     """FCFS queues of waiting and running sequences over one BlockManager."""
@@ -137,5 +130,5 @@ class Scheduler:
             outputs.append(seq.output(seq.take_delta()))  # before a finish frees the blocks (and num_cached_tokens)
             if seq.is_finished:
                 self.finish(seq)
-        stats.record_step(len(batch), batch.total_tokens, self.num_preemptions, self.block_manager)
+        stats.record_step(len(batch.seqs), sum(batch.num_tokens), self.num_preemptions, self.block_manager)
         return outputs

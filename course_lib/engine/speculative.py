@@ -81,13 +81,10 @@ def ngram_propose(token_ids: list[int], k: int, n_max: int = 4, n_min: int = 2) 
 def greedy_accept(target_choice: list[int], drafts: list[int]) -> list[int]:
     """The tokens a greedy step emits: drafts while they equal the model's choice at their position, then the
     model's own choice. `target_choice` has len(drafts) + 1 entries (the argmax after each position)."""
-    out = []
-    for choice, draft in zip(target_choice, drafts):
-        out.append(choice)
+    for i, (choice, draft) in enumerate(zip(target_choice, drafts)):
         if choice != draft:
-            return out
-    out.append(target_choice[len(drafts)])  # every draft accepted: the model's next token is free
-    return out
+            return target_choice[:i + 1]
+    return target_choice[:len(drafts) + 1]  # every draft accepted: the model's next token is free
 
 
 def accept_or_resample(p: torch.Tensor, q: torch.Tensor | None, drafts: list[int],
@@ -96,11 +93,10 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor | None, drafts: list[int
     each draft position and after the last; q [k, vocab]: the draft's, or None for prompt lookup (all of q on
     the proposed token). Accept draft i with probability min(1, p_i(x) / q_i(x)); at the first rejection, sample
     from max(0, p_i - q_i) renormalised and stop; when all are accepted, sample one more token from p_k."""
-    k = len(drafts)
+    k, ids = len(drafts), torch.tensor(drafts, device=p.device, dtype=torch.long)
     if q is None:
-        q = torch.zeros_like(p[:k]).scatter_(1, torch.tensor(drafts, device=p.device)[:, None], 1.0)
+        q = torch.zeros_like(p[:k]).scatter_(1, ids[:, None], 1.0)
     rows = torch.arange(k, device=p.device)
-    ids = torch.tensor(drafts, device=p.device, dtype=torch.long)
     ratio = (p[rows, ids] / q[rows, ids]).clamp(max=1.0)  # [k]: acceptance probability of each draft token
     u = torch.rand(k, generator=generator, device=p.device)
     out = []
@@ -166,12 +162,9 @@ class DraftModel:
                                                       self.model.dtype)
             self.known[request_id] = []
         known = self.known[request_id]
-        same = 0  # the draft's cache is valid up to the first token that differs from the context
-        for a, b in zip(known, token_ids):
-            if a != b:
-                break
+        same = 0  # the cache is valid up to the first token that differs; the last always goes through the model
+        while same < min(len(known), len(token_ids) - 1) and known[same] == token_ids[same]:
             same += 1
-        same = min(same, len(token_ids) - 1)  # at least the last token goes through the model
         k = min(k, cache.max_seq_len - len(token_ids))
         if k <= 0:
             return [], None
