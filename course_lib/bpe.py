@@ -178,8 +178,7 @@ class BPE:
     @classmethod
     def from_gguf(cls, path: str | Path | None = None) -> "BPE":
         """The vocabulary, merges, pre-tokenizer and special tokens stored in a GGUF file (default model if None)."""
-        from .gguf_file import read_gguf_tokenizer_data
-        from .loading import default_gguf_path
+        from .gguf_file import default_gguf_path, read_gguf_tokenizer_data
 
         data = read_gguf_tokenizer_data(path or default_gguf_path())
         if data["model"] != "gpt2":

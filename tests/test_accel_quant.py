@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib.accel.plan import onednn_has_kernels
+from course_lib.accel.linear import onednn_has_kernels
 from course_lib.accel.quant_linear import (INT4_DEQUANTIZE_ROWS, INT8_DEQUANTIZE_ROWS, OneDNNQuantLinear,
                                            onednn_problem, use_quant_kernels)
 from course_lib.config import ModelConfig

@@ -20,7 +20,7 @@ from course_lib.attention.paged import (
 )
 from course_lib.config import ModelConfig
 from course_lib.accel import Plan
-from course_lib.accel.plan import onednn_has_kernels
+from course_lib.accel.linear import onednn_has_kernels
 from course_lib.accel.quant_linear import INT8_DEQUANTIZE_ROWS, OneDNNQuantLinear, onednn_problem
 from course_lib.model import Transformer
 from course_lib.quant import QuantLinear

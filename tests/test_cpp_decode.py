@@ -10,7 +10,7 @@ import torch
 from course_lib import LLM, SamplingParams
 from course_lib.accel import Accelerator, plan_for
 from course_lib.accel.cpp_decode import CppDecodeStep
-from course_lib.accel.plan import onednn_has_kernels
+from course_lib.accel.linear import onednn_has_kernels
 from course_lib.attention.paged import PagedAttentionMetadata, PagedKVCache, slots_for
 from course_lib.config import ModelConfig
 from course_lib.model import Transformer

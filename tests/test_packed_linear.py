@@ -12,7 +12,7 @@ from course_lib import LLM, SamplingParams, tolerance
 from course_lib.accel import plan_for
 from course_lib.accel.fused_model import fuse_model
 from course_lib.accel.linear import PackedLinear, pack_linears
-from course_lib.accel.plan import onednn_has_kernels
+from course_lib.accel.linear import onednn_has_kernels
 from course_lib.profiling.memory import weight_bytes
 from course_lib.profiling.roofline import weights_read
 

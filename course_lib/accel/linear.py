@@ -7,12 +7,24 @@ weight faster. It gives the same product as `F.linear` up to rounding (`tests/te
 """
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
 import torch.nn as nn
 
 from ..model import Transformer
+
+
+@functools.cache
+def onednn_has_kernels(dtype: torch.dtype) -> bool:
+    """True where this CPU's oneDNN has bfloat16 (or float16) matmul kernels, AVX-512 and newer: where
+    half-precision weights pay on the CPU (the plan, `OneDNNQuantLinear`'s many-row steps)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()
 
 
 class PackedLinear(nn.Module):

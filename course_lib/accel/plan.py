@@ -8,7 +8,6 @@ how many rows the panels serve better than oneDNN, is measured here once per mac
 """
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import os
@@ -21,21 +20,11 @@ import torch
 
 from ..chapter import processor_name
 from ..dtypes import dtype_name, resolve_device_dtype, resolve_dtype
+from .linear import onednn_has_kernels
 
 PANEL_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # the row counts `measure_panel_rows` tries, in order
 W4A8_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the row counts `measure_w4a8_rows` tries, in order
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in): the default model's fused layer
-
-
-@functools.cache
-def onednn_has_kernels(dtype: torch.dtype) -> bool:
-    """True where this CPU's oneDNN has bfloat16 (or float16) matmul kernels, AVX-512 and newer: where
-    half-precision weights pay on the CPU (the plan, `OneDNNQuantLinear`'s many-row steps)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    if dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()
 
 
 def check_triton_dtype(device: torch.device | str, dtype: torch.dtype) -> None:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..quant.int4 import unpack_int4
 from ..quant.linear import QuantLinear
-from .plan import onednn_has_kernels
+from .linear import onednn_has_kernels
 
 CPU_INT4_GROUP_SIZES = (32, 64, 128, 256)  # what `_weight_int4pack_mm_for_cpu` accepts
 # Rows per (padded) input feature from which the INT4 layer dequantizes, then multiplies in bfloat16:
