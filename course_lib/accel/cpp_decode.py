@@ -47,7 +47,7 @@ class CppDecodeStep:
         for i, block in enumerate(blocks):
             norms = (block.input_layernorm.weight, block.post_attention_layernorm.weight)
             linears = (block.self_attn.qkv_proj, block.self_attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj)
-            made = [_decode_linear(ops, linear) for linear in linears]
+            made = [_decode_linear(ops, linear, dtype) for linear in linears]
             if None in made or any(w.dtype != dtype for w in norms):
                 return None
             max_rows += [rows for _, rows in made]
@@ -73,9 +73,10 @@ class CppDecodeStep:
         return model.lm_head(model.norm(x))  # [n, vocab]
 
 
-def _decode_linear(ops, linear: nn.Module):
-    """(`linear` as the C++ loop calls it, the most rows it serves there), or None if it has no C++ twin."""
-    if type(linear) is W4A8PackedLinear:
+def _decode_linear(ops, linear: nn.Module, dtype: torch.dtype):
+    """(`linear` as the C++ loop calls it, the most rows it serves there), or None if it has no C++ twin (the W4A8
+    kernel takes float32 and bfloat16 activations: a float16 model's W4A8 layers run their fallback)."""
+    if type(linear) is W4A8PackedLinear and dtype in (torch.float32, torch.bfloat16):
         return ops.DecodeLinear(linear.packed, None, linear.bias, linear.out_features, 0, linear.isa, True), \
             linear.max_rows
     if type(linear) is PackedLinear:

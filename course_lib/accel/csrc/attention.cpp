@@ -222,7 +222,8 @@ template <typename scalar_t, int64_t HEAD_DIM>
 void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache, const int32_t* block_tables,
                       const int32_t* context_lens, const scalar_t* k_new, const scalar_t* v_new, scalar_t* out,
                       int64_t num_seqs, int64_t num_heads, int64_t kv_heads, int64_t /*head_dim*/,
-                      int64_t block_size, int64_t max_blocks) {
+                      int64_t block_size, int64_t max_blocks, int64_t kv_begin, int64_t kv_end) {
+  // KV heads [kv_begin, kv_end) and their query heads (all of them: 0, kv_heads); the other heads are not written
   constexpr int64_t V = HEAD_DIM / fVec::size();
   // attend_heads holds HB heads' vectors (their q, later their outputs) and a row's: give the heads at most
   // half the registers (AVX-512 has 32, AVX2 16). head_dim 64: 4 heads with AVX-512, 1 with AVX2.
@@ -249,7 +250,7 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
       const scalar_t* q_seq = q + seq * num_heads * HEAD_DIM;
       for (int64_t i = 0; i < num_heads * HEAD_DIM; ++i) qf[i] = static_cast<float>(q_seq[i]) * scale;  // 1.
       scores.resize(kMaxHB * ctx);
-      for (int64_t g = 0; g < kv_heads; ++g) {  // KV head g serves query heads g * group .. (g + 1) * group - 1
+      for (int64_t g = kv_begin; g < kv_end; ++g) {  // KV head g serves query heads g * group .. (g + 1) * group - 1
         for (int64_t h = g * group, hb; h < (g + 1) * group; h += hb) {
           hb = std::min(kMaxHB, (g + 1) * group - h);
           attend_heads_by<scalar_t, HEAD_DIM, kMaxHB>(hb, qf.data() + h * HEAD_DIM, ctx, k_rows.data(),
@@ -258,12 +259,36 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
         }
       }
       scalar_t* o = out + seq * num_heads * HEAD_DIM;
-      for (int64_t i = 0; i < num_heads * HEAD_DIM; ++i) o[i] = static_cast<scalar_t>(acc[i]);
+      for (int64_t i = kv_begin * group * HEAD_DIM; i < kv_end * group * HEAD_DIM; ++i)
+        o[i] = static_cast<scalar_t>(acc[i]);
     }
   });
 }
 
 }  // namespace
+
+// `paged_decode_attention` for KV heads [kv_begin, kv_end) and their query heads only, into `out` (the caller's
+// [num_seqs, heads, head_dim]; other heads untouched), for the threads of DecodeLayers (module.cpp) to share one
+// sequence's heads: each head's arithmetic as in the whole call. Contiguous inputs, int32 tables and lengths,
+// head_dim 64 or 128 (`paged_decode_heads_fit`), checked by the caller once.
+bool paged_decode_heads_fit(const at::Tensor& q) {
+  return q.scalar_type() != at::kDouble && (q.size(2) == 64 || q.size(2) == 128);
+}
+
+void paged_decode_heads(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_tables, const at::Tensor& context_lens, at::Tensor& out,
+                        int64_t kv_begin, int64_t kv_end) {
+  const int64_t num_seqs = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_heads", [&] {
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      auto kernel = head_dim == 64 ? paged_decode_vec<scalar_t, 64> : paged_decode_vec<scalar_t, 128>;
+      kernel(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+             block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), nullptr, nullptr,
+             out.data_ptr<scalar_t>(), num_seqs, num_heads, k_cache.size(2), head_dim, k_cache.size(1),
+             block_tables.size(1), kv_begin, kv_end);
+    }
+  });
+}
 
 // q [num_seqs, num_heads, head_dim]; k/v_cache [num_blocks, block_size, kv_heads, head_dim] (one layer);
 // block_tables [num_seqs, max_blocks], context_lens [num_seqs]: cached tokens of each sequence.
@@ -306,8 +331,11 @@ at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v
     if constexpr (std::is_same_v<scalar_t, double>) {
       run(paged_decode<scalar_t, 0>);
     } else {
-      if (head_dim == 64) run(paged_decode_vec<scalar_t, 64>);
-      else if (head_dim == 128) run(paged_decode_vec<scalar_t, 128>);
+      auto all_heads = [&](auto kernel) {
+        return [&, kernel](auto... args) { kernel(args..., int64_t(0), kv_heads); };
+      };
+      if (head_dim == 64) run(all_heads(paged_decode_vec<scalar_t, 64>));
+      else if (head_dim == 128) run(all_heads(paged_decode_vec<scalar_t, 128>));
       else run(paged_decode<scalar_t, 0>);
     }
   });

@@ -47,6 +47,10 @@ void w4a8_run_panels(const W4A8Product& c, int64_t begin, int64_t end);
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                   at::Tensor block_tables, at::Tensor context_lens,
                                   c10::optional<at::Tensor> k_new, c10::optional<at::Tensor> v_new);
+bool paged_decode_heads_fit(const at::Tensor& q);
+void paged_decode_heads(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_tables, const at::Tensor& context_lens, at::Tensor& out,
+                        int64_t kv_begin, int64_t kv_end);
 
 // A linear layer as the decode loop calls it: the W4A8 kernel (`packed` from accel/w4a8.py), or a oneDNN packed
 // weight with, for 1 to `panel_rows` rows, its panels: each the kernel the layer's eager forward calls.
@@ -89,6 +93,15 @@ class DecodeLayers {
                  const at::Tensor& context_lens, const at::Tensor& slots) const {
     TORCH_CHECK(x.dim() == 2 && slots.numel() == x.size(0) && slots.scalar_type() == at::kLong,
                 "DecodeLayers.run: x [n, hidden], slots [n] int64");
+    TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == x.size(0) && context_lens.numel() == x.size(0),
+                "DecodeLayers.run: block_tables [n, blocks], context_lens [n]");
+    if (!layers_.empty() && context_lens.scalar_type() == at::kInt) {  // what the kernels read stays in the tables
+      const int64_t most = block_tables.size(1) * layers_[0].k_cache.size(1);
+      const int32_t* lens = context_lens.data_ptr<int32_t>();
+      for (int64_t i = 0; i < context_lens.numel(); ++i)
+        TORCH_CHECK(lens[i] >= 1 && lens[i] <= most, "DecodeLayers.run: context_lens[", i, "] = ", lens[i],
+                    " is not in [1, ", most, "]");
+    }
 #ifdef _OPENMP
     if (all_w4a8_ && at::get_num_threads() > 1 && !at::in_parallel_region())
       return run_in_one_region(x, cos, sin, block_tables, context_lens, slots);
@@ -106,6 +119,19 @@ class DecodeLayers {
   // RoPE on qkv [n, q + 2 kv] in place, its k and v stored at their slots, attention -> [n, q].
   at::Tensor attend(const DecodeLayer& L, const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                     const at::Tensor& block_tables, const at::Tensor& context_lens, const at::Tensor& slots) const {
+    return attend_rotated(L, rotate_and_store(L, qkv, cos, sin, slots), block_tables, context_lens)
+        .view({qkv.size(0), heads_ * head_dim_});
+  }
+
+  // Attention of rotated q [n, heads, head_dim] over the cache (its K/V stored) -> [n, heads, head_dim].
+  at::Tensor attend_rotated(const DecodeLayer& L, const at::Tensor& q, const at::Tensor& block_tables,
+                            const at::Tensor& context_lens) const {
+    return paged_decode_attention(q, L.k_cache, L.v_cache, block_tables, context_lens, c10::nullopt, c10::nullopt);
+  }
+
+  // RoPE on qkv [n, q + 2 kv] in place and its k and v stored at their slots; returns q [n, heads, head_dim].
+  at::Tensor rotate_and_store(const DecodeLayer& L, const at::Tensor& qkv, const at::Tensor& cos,
+                              const at::Tensor& sin, const at::Tensor& slots) const {
     const int64_t n = qkv.size(0), q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
     rope_qk_(qkv, cos, sin, heads_ + kv_heads_, head_dim_);
     const int64_t* slot = slots.data_ptr<int64_t>();
@@ -118,9 +144,7 @@ class DecodeLayers {
       std::memcpy(static_cast<char*>(L.v_cache.data_ptr()) + slot[i] * row_bytes, row + (q_size + kv_size) * e,
                   row_bytes);
     }
-    auto q = qkv.narrow(1, 0, q_size).reshape({n, heads_, head_dim_});
-    return paged_decode_attention(q, L.k_cache, L.v_cache, block_tables, context_lens, c10::nullopt, c10::nullopt)
-        .view({n, q_size});
+    return qkv.narrow(1, 0, q_size).reshape({n, heads_, head_dim_}).contiguous();
   }
 
 #ifdef _OPENMP
@@ -144,6 +168,8 @@ class DecodeLayers {
     auto begin = [&](const at::Tensor& in, const DecodeLinear& l) {
       product = w4a8_begin(in, l.weight, l.out_features, l.w4a8_isa);
     };
+    at::Tensor q, attn;  // a layer's rotated queries and attention output, shared by the threads
+    bool split = false;  // whether the threads share the attention by KV head
 #pragma omp parallel num_threads(at::get_num_threads())
     {
       const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
@@ -160,7 +186,21 @@ class DecodeLayers {
         serial([&] { begin(rms_norm(x, L.input_norm, eps_), L.qkv); });
         share();
 #pragma omp master
-        serial([&] { begin(attend(L, w4a8_output(*product), cos, sin, block_tables, context_lens, slots), L.o); });
+        serial([&] {
+          q = rotate_and_store(L, w4a8_output(*product), cos, sin, slots);
+          split = paged_decode_heads_fit(q) && block_tables.scalar_type() == at::kInt && block_tables.is_contiguous()
+                  && context_lens.scalar_type() == at::kInt && context_lens.is_contiguous();
+          attn = split ? at::empty_like(q) : attend_rotated(L, q, block_tables, context_lens);
+        });
+#pragma omp barrier
+        if (split && !error) {  // each thread its KV heads (and their query heads) of the same sequences
+          const int64_t per = (kv_heads_ + threads - 1) / threads;
+          const int64_t g0 = std::min(kv_heads_, thread * per), g1 = std::min(kv_heads_, (thread + 1) * per);
+          if (g0 < g1) paged_decode_heads(q, L.k_cache, L.v_cache, block_tables, context_lens, attn, g0, g1);
+        }
+#pragma omp barrier
+#pragma omp master
+        serial([&] { begin(attn.view({q.size(0), heads_ * head_dim_}), L.o); });
         share();
 #pragma omp master
         serial([&] {
