@@ -28,8 +28,8 @@ class CppDecodeStep:
 
     Build it with `for_model`, which says None where a layer has no C++ twin (say, an INT8 layer)."""
 
-    def __init__(self, model: Transformer, kv_cache: PagedKVCache, layers, max_rows: int):
-        self.model, self.kv_cache, self.layers, self.max_rows = model, kv_cache, layers, max_rows
+    def __init__(self, model: Transformer, layers, max_rows: int):
+        self.model, self.layers, self.max_rows = model, layers, max_rows
         self.steps = 0  # decode steps run through the C++ layers
 
     @classmethod
@@ -52,7 +52,7 @@ class CppDecodeStep:
                 return None
             max_rows += [rows for _, rows in made]
             layers.add(*norms, kv_cache.k_cache[i], kv_cache.v_cache[i], *(linear for linear, _ in made))
-        return cls(model, kv_cache, layers, min(max_rows))
+        return cls(model, layers, min(max_rows))
 
     def takes(self, num_seqs: int) -> bool:
         """Whether a decode-only step of `num_seqs` sequences runs here (more: the eager step)."""

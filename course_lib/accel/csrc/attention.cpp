@@ -271,8 +271,8 @@ void paged_decode_vec(const scalar_t* q, const scalar_t* k_cache, const scalar_t
 // [num_seqs, heads, head_dim]; other heads untouched), for the threads of DecodeLayers (module.cpp) to share one
 // sequence's heads: each head's arithmetic as in the whole call. Contiguous inputs, int32 tables and lengths,
 // head_dim 64 or 128 (`paged_decode_heads_fit`), checked by the caller once.
-bool paged_decode_heads_fit(const at::Tensor& q) {
-  return q.scalar_type() != at::kDouble && (q.size(2) == 64 || q.size(2) == 128);
+bool paged_decode_heads_fit(at::ScalarType dtype, int64_t head_dim) {
+  return dtype != at::kDouble && (head_dim == 64 || head_dim == 128);
 }
 
 void paged_decode_heads(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

@@ -47,7 +47,7 @@ void w4a8_run_panels(const W4A8Product& c, int64_t begin, int64_t end);
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                   at::Tensor block_tables, at::Tensor context_lens,
                                   c10::optional<at::Tensor> k_new, c10::optional<at::Tensor> v_new);
-bool paged_decode_heads_fit(const at::Tensor& q);
+bool paged_decode_heads_fit(at::ScalarType dtype, int64_t head_dim);
 void paged_decode_heads(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& block_tables, const at::Tensor& context_lens, at::Tensor& out,
                         int64_t kv_begin, int64_t kv_end);
@@ -85,17 +85,18 @@ class DecodeLayers {
     for (const auto* l : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) all_w4a8_ &= l->w4a8 && !l->bias;
     layers_.push_back(std::move(layer));
   }
-  int64_t size() const { return int64_t(layers_.size()); }
 
-  // cos, sin [n, head_dim]; block_tables [n, blocks] int32; context_lens [n] int32 (the new token included);
-  // slots [n] int64 (the new token's flat cache slot, -1: none).
+  // cos, sin [n, head_dim]; block_tables [n, blocks] and context_lens [n] (the new token included), contiguous
+  // int32; slots [n] int64 (the new token's flat cache slot, -1: none).
   at::Tensor run(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& block_tables,
                  const at::Tensor& context_lens, const at::Tensor& slots) const {
     TORCH_CHECK(x.dim() == 2 && slots.numel() == x.size(0) && slots.scalar_type() == at::kLong,
                 "DecodeLayers.run: x [n, hidden], slots [n] int64");
-    TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == x.size(0) && context_lens.numel() == x.size(0),
-                "DecodeLayers.run: block_tables [n, blocks], context_lens [n]");
-    if (!layers_.empty() && context_lens.scalar_type() == at::kInt) {  // what the kernels read stays in the tables
+    TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == x.size(0) && context_lens.numel() == x.size(0) &&
+                    block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt &&
+                    block_tables.is_contiguous() && context_lens.is_contiguous(),
+                "DecodeLayers.run: block_tables [n, blocks] and context_lens [n], contiguous int32");
+    if (!layers_.empty()) {  // what the kernels read stays inside the tables
       const int64_t most = block_tables.size(1) * layers_[0].k_cache.size(1);
       const int32_t* lens = context_lens.data_ptr<int32_t>();
       for (int64_t i = 0; i < context_lens.numel(); ++i)
@@ -110,7 +111,8 @@ class DecodeLayers {
       auto qkv = L.qkv(rms_norm(x, L.input_norm, eps_));  // [n, q + 2 kv]
       auto sum_norm = add_rms_norm(x, L.o(attend(L, qkv, cos, sin, block_tables, context_lens, slots)),
                                    L.post_attention_norm, eps_);
-      x = sum_norm[0] + L.down(silu_mul(L.gate_up(sum_norm[1])));
+      x = sum_norm[0];
+      add_(x, L.down(silu_mul(L.gate_up(sum_norm[1]))));
     }
     return x;
   }
@@ -169,7 +171,7 @@ class DecodeLayers {
       product = w4a8_begin(in, l.weight, l.out_features, l.w4a8_isa);
     };
     at::Tensor q, attn;  // a layer's rotated queries and attention output, shared by the threads
-    bool split = false;  // whether the threads share the attention by KV head
+    const bool split = paged_decode_heads_fit(x.scalar_type(), head_dim_);  // threads share attention by KV head
 #pragma omp parallel num_threads(at::get_num_threads())
     {
       const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
@@ -188,8 +190,6 @@ class DecodeLayers {
 #pragma omp master
         serial([&] {
           q = rotate_and_store(L, w4a8_output(*product), cos, sin, slots);
-          split = paged_decode_heads_fit(q) && block_tables.scalar_type() == at::kInt && block_tables.is_contiguous()
-                  && context_lens.scalar_type() == at::kInt && context_lens.is_contiguous();
           attn = split ? at::empty_like(q) : attend_rotated(L, q, block_tables, context_lens);
         });
 #pragma omp barrier
@@ -220,6 +220,8 @@ class DecodeLayers {
     return x;
   }
 
+#endif
+
   // x += y in place (the residual add): each sum in float, rounded once to x's dtype, as at::add does.
   static void add_(at::Tensor& x, const at::Tensor& y) {
     const auto dtype = x.scalar_type();
@@ -234,7 +236,6 @@ class DecodeLayers {
       for (int64_t i = 0; i < x.numel(); ++i) xp[i] = scalar_t(static_cast<float>(xp[i]) + static_cast<float>(yp[i]));
     });
   }
-#endif
 
   int64_t heads_, kv_heads_, head_dim_;
   double eps_;
@@ -293,7 +294,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                      at::Tensor v_cache, DecodeLinear qkv, DecodeLinear o, DecodeLinear gate_up, DecodeLinear down) {
              self.add({input_norm, post_attention_norm, k_cache, v_cache, qkv, o, gate_up, down});
            })
-      .def("__len__", &DecodeLayers::size)
       .def("run", &DecodeLayers::run, py::call_guard<py::gil_scoped_release>(), py::arg("x"), py::arg("cos"),
            py::arg("sin"), py::arg("block_tables"), py::arg("context_lens"), py::arg("slots"));
 }
