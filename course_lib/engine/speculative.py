@@ -2,7 +2,12 @@
 
 A decode step reads every weight to make one token, and a step over k + 1 tokens reads them once too. So the
 model verifies k guesses for nearly the price of one token, keeps the longest run it agrees with, and adds
-one token of its own at the first disagreement (or after the last guess). Proposers (vLLM's `speculative_config`):
+one token of its own at the first disagreement (or after the last guess):
+
+    context ... the cat sat on the | drafts: mat . The  -> one forward over [the, mat, ., The]
+    the model's choice at each position:  mat  .  A  (dog)  -> accept "mat", ".", reject "The", emit "A"
+
+Proposers (vLLM's `speculative_config`):
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
         prompt lookup: propose what followed the context's last n tokens earlier in it (free)
     {"method": "draft_model", "model": None, "quantization": "int4", "num_speculative_tokens": 4}
