@@ -162,25 +162,35 @@ void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t inter) {
 
 }  // namespace
 
-at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
-  auto out = at::empty_like(x);
+// The `_into` forms write into the caller's tensors (DecodeLayers' buffers, module.cpp): no allocation.
+// add_rms_norm_into: sum may be x itself (each row is read before its sum is written).
+void rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
   const int64_t dim = x.size(-1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
     rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), nullptr, weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                             nullptr, x.numel() / dim, dim, eps);
   });
+}
+
+void add_rms_norm_into(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight, double eps,
+                       at::Tensor& sum, at::Tensor& out) {
+  const int64_t dim = x.size(-1);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
+    rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), add.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+                            out.data_ptr<scalar_t>(), sum.data_ptr<scalar_t>(), x.numel() / dim, dim, eps);
+  });
+}
+
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
+  auto out = at::empty_like(x);
+  rms_norm_into(x, weight, eps, out);
   return out;
 }
 
 std::vector<at::Tensor> add_rms_norm(at::Tensor x, at::Tensor add, at::Tensor weight, double eps) {
   auto sum = at::empty_like(x);
   auto out = at::empty_like(x);
-  const int64_t dim = x.size(-1);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
-    rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), add.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-                            out.data_ptr<scalar_t>(), sum.data_ptr<scalar_t>(), x.numel() / dim, dim,
-                            eps);
-  });
+  add_rms_norm_into(x, add, weight, eps, sum, out);
   return {sum, out};
 }
 
@@ -192,15 +202,19 @@ void rope_qk_(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t rot_heads,
   });
 }
 
-at::Tensor silu_mul(at::Tensor gate_up) {
+void silu_mul_into(const at::Tensor& gate_up, at::Tensor& out) {
   const int64_t inter = gate_up.size(-1) / 2;
-  auto sizes = gate_up.sizes().vec();
-  sizes.back() = inter;
-  auto out = at::empty(sizes, gate_up.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
     silu_mul_rows<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), gate_up.numel() / (2 * inter),
                             inter);
   });
+}
+
+at::Tensor silu_mul(at::Tensor gate_up) {
+  auto sizes = gate_up.sizes().vec();
+  sizes.back() /= 2;
+  auto out = at::empty(sizes, gate_up.options());
+  silu_mul_into(gate_up, out);
   return out;
 }
 

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -563,7 +564,8 @@ std::vector<std::string> w4a8_paths() {
 
 // A W4A8 product in two parts: the rows of x quantized (once), then any range of the weight's panels (one
 // thread's share). w4a8_linear runs the panels with at::parallel_for; DecodeLayers (module.cpp) splits them
-// among the threads of its one parallel region.
+// among the threads of its one parallel region, and keeps one W4A8Product for all its products: the buffers
+// that hold x's quantized rows are then allocated once.
 struct W4A8Product {
   std::vector<int8_t> q;
   std::vector<float> dx, sx;
@@ -573,8 +575,12 @@ struct W4A8Product {
   at::Tensor y;  // [M, out_features] in x's dtype
 };
 
-std::shared_ptr<W4A8Product> w4a8_begin(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
-                                        const std::string& isa_name) {
+std::shared_ptr<W4A8Product> w4a8_product() { return std::make_shared<W4A8Product>(); }
+
+// x's rows quantized into c for a product with `packed`, whose output goes to y ([m, out_features] in x's
+// dtype, contiguous), or to a new tensor if y is not given.
+void w4a8_begin(W4A8Product& c, const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
+                const std::string& isa_name, const std::optional<at::Tensor>& y) {
   TORCH_CHECK(x_in.dim() == 2 && (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16),
               "w4a8_linear: x [m, k] float32 or bfloat16");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == kQBlockBytes &&
@@ -585,17 +591,18 @@ std::shared_ptr<W4A8Product> w4a8_begin(const at::Tensor& x_in, const at::Tensor
   TORCH_CHECK(K <= Kp && K > Kp - kQBlock, "w4a8_linear: x has ", K, " features, the weight ", Kp, " (padded)");
   TORCH_CHECK(out_features <= NP * kQPanel && out_features > (NP - 1) * kQPanel, "w4a8_linear: out_features ",
               out_features, " does not fit ", NP, " panels");
-  auto c = std::make_shared<W4A8Product>();
-  c->q.resize(M * Kp), c->dx.resize(M * B), c->sx.resize(M * B);
-  c->w = packed.data_ptr<uint8_t>(), c->isa = choose_isa(isa_name);
-  c->M = M, c->B = B, c->Kp = Kp, c->NP = M == 0 ? 0 : NP, c->out_features = out_features;
-  c->y = at::empty({M, out_features}, x.options());
+  TORCH_CHECK(!y || (y->sizes() == at::IntArrayRef{M, out_features} && y->scalar_type() == x.scalar_type() &&
+                     y->is_contiguous()), "w4a8_linear: y must be [m, out_features] in x's dtype, contiguous");
+  c.q.resize(M * Kp), c.dx.resize(M * B), c.sx.resize(M * B);
+  c.w = packed.data_ptr<uint8_t>(), c.isa = choose_isa(isa_name);
+  c.M = M, c.B = B, c.Kp = Kp, c.NP = M == 0 ? 0 : NP, c.out_features = out_features;
+  c.y = y ? *y : at::empty({M, out_features}, x.options());
   const bool is_float = x.scalar_type() == at::kFloat;
   const void* xp = x.data_ptr();
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      int8_t* qr = c->q.data() + r * Kp;
-      float *dr = c->dx.data() + r * B, *sr = c->sx.data() + r * B;
+      int8_t* qr = c.q.data() + r * Kp;
+      float *dr = c.dx.data() + r * B, *sr = c.sx.data() + r * B;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
       if (is_float) quantize_row_avx512(static_cast<const float*>(xp) + r * K, K, B, qr, dr, sr);
       else quantize_row_avx512(static_cast<const at::BFloat16*>(xp) + r * K, K, B, qr, dr, sr);
@@ -605,11 +612,9 @@ std::shared_ptr<W4A8Product> w4a8_begin(const at::Tensor& x_in, const at::Tensor
 #endif
     }
   });
-  return c;
 }
 
 int64_t w4a8_panel_count(const W4A8Product& c) { return c.NP; }
-at::Tensor w4a8_output(const W4A8Product& c) { return c.y; }
 
 // Outputs of panels [begin, end) for every row.
 void w4a8_run_panels(const W4A8Product& c, int64_t begin, int64_t end) {
@@ -640,9 +645,10 @@ void w4a8_run_panels(const W4A8Product& c, int64_t begin, int64_t end) {
 // x [m, k] (float32 or bfloat16) @ W^T for W packed by pack_w4a8 ([n/16, blocks, 320] uint8) -> [m, n] in x's dtype.
 at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                        const std::string& isa_name) {
-  const auto c = w4a8_begin(x, packed, out_features, isa_name);
-  at::parallel_for(0, c->NP, 1, [&](int64_t begin, int64_t end) { w4a8_run_panels(*c, begin, end); });
-  return c->y;
+  W4A8Product c;
+  w4a8_begin(c, x, packed, out_features, isa_name, std::nullopt);
+  at::parallel_for(0, c.NP, 1, [&](int64_t begin, int64_t end) { w4a8_run_panels(c, begin, end); });
+  return c.y;
 }
 
 }  // namespace course_lib

@@ -23,6 +23,10 @@ at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
 std::vector<at::Tensor> add_rms_norm(at::Tensor x, at::Tensor add, at::Tensor weight, double eps);
 void rope_qk_(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t rot_heads, int64_t head_dim);
 at::Tensor silu_mul(at::Tensor gate_up);
+void rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out);
+void add_rms_norm_into(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight, double eps,
+                       at::Tensor& sum, at::Tensor& out);
+void silu_mul_into(const at::Tensor& gate_up, at::Tensor& out);
 // linear.cpp
 int64_t panel_width(at::ScalarType dtype);
 at::Tensor pack_panels(const at::Tensor& w);
@@ -38,10 +42,10 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
 std::vector<std::string> w4a8_paths();
 at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, const std::string& isa);
 struct W4A8Product;  // x quantized for one W4A8 product, and its output
-std::shared_ptr<W4A8Product> w4a8_begin(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                                        const std::string& isa);
+std::shared_ptr<W4A8Product> w4a8_product();
+void w4a8_begin(W4A8Product& c, const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                const std::string& isa, const std::optional<at::Tensor>& y);
 int64_t w4a8_panel_count(const W4A8Product& c);
-at::Tensor w4a8_output(const W4A8Product& c);
 void w4a8_run_panels(const W4A8Product& c, int64_t begin, int64_t end);
 // attention.cpp
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
@@ -83,6 +87,12 @@ class DecodeLayers {
       : heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(eps) {}
   void add(DecodeLayer layer) {
     for (const auto* l : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) all_w4a8_ &= l->w4a8 && !l->bias;
+    if (!layers_.empty()) {  // run_in_one_region sizes its buffers by the first layer
+      const auto& f = layers_[0];
+      all_w4a8_ &= layer.qkv.out_features == f.qkv.out_features && layer.o.out_features == f.o.out_features &&
+                   layer.gate_up.out_features == f.gate_up.out_features &&
+                   layer.down.out_features == f.down.out_features;
+    }
     layers_.push_back(std::move(layer));
   }
 
@@ -104,7 +114,7 @@ class DecodeLayers {
                     " is not in [1, ", most, "]");
     }
 #ifdef _OPENMP
-    if (all_w4a8_ && at::get_num_threads() > 1 && !at::in_parallel_region())
+    if (all_w4a8_ && !layers_.empty() && at::get_num_threads() > 1 && !at::in_parallel_region())
       return run_in_one_region(x, cos, sin, block_tables, context_lens, slots);
 #endif
     for (const auto& L : layers_) {
@@ -134,30 +144,47 @@ class DecodeLayers {
   // RoPE on qkv [n, q + 2 kv] in place and its k and v stored at their slots; returns q [n, heads, head_dim].
   at::Tensor rotate_and_store(const DecodeLayer& L, const at::Tensor& qkv, const at::Tensor& cos,
                               const at::Tensor& sin, const at::Tensor& slots) const {
+    auto q = at::empty({qkv.size(0), heads_, head_dim_}, qkv.options());
+    rotate_and_store_into(L, qkv, cos, sin, slots, q);
+    return q;
+  }
+
+  // The same, q written to the caller's q [n, heads, head_dim].
+  void rotate_and_store_into(const DecodeLayer& L, const at::Tensor& qkv, const at::Tensor& cos,
+                             const at::Tensor& sin, const at::Tensor& slots, at::Tensor& q) const {
     const int64_t n = qkv.size(0), q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
     rope_qk_(qkv, cos, sin, heads_ + kv_heads_, head_dim_);
     const int64_t* slot = slots.data_ptr<int64_t>();
     const int64_t e = qkv.element_size(), row_bytes = kv_size * e;
     const char* base = static_cast<const char*>(qkv.data_ptr());
-    for (int64_t i = 0; i < n; ++i) {  // store_kvcache: this token's k and v at its slot
-      if (slot[i] < 0) continue;
+    for (int64_t i = 0; i < n; ++i) {  // this token's q to q; store_kvcache: its k and v at its slot
       const char* row = base + i * qkv.size(1) * e;
+      std::memcpy(static_cast<char*>(q.data_ptr()) + i * q_size * e, row, q_size * e);
+      if (slot[i] < 0) continue;
       std::memcpy(static_cast<char*>(L.k_cache.data_ptr()) + slot[i] * row_bytes, row + q_size * e, row_bytes);
       std::memcpy(static_cast<char*>(L.v_cache.data_ptr()) + slot[i] * row_bytes, row + (q_size + kv_size) * e,
                   row_bytes);
     }
-    return qkv.narrow(1, 0, q_size).reshape({n, heads_, head_dim_}).contiguous();
   }
 
 #ifdef _OPENMP
   // The same steps for a model whose linear layers are all W4A8 (an INT4 model) inside one OpenMP parallel
   // region: each product's panels split among the threads, the steps between products on the calling thread,
   // barriers between. Starting a parallel region for each product (w4a8_linear) costs more than a small
-  // layer's product takes; a barrier costs a fraction of that.
-  at::Tensor run_in_one_region(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
+  // layer's product takes; a barrier costs a fraction of that. Each step's output has a buffer made once per
+  // call, which the steps fill: making a small tensor costs more than the step that fills it.
+  at::Tensor run_in_one_region(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin,
                                const at::Tensor& block_tables, const at::Tensor& context_lens,
                                const at::Tensor& slots) const {
-    std::shared_ptr<W4A8Product> product;
+    const int64_t n = x_in.size(0);
+    const DecodeLayer& first = layers_[0];
+    auto buffer = [&](int64_t width) { return at::empty({n, width}, x_in.options()); };
+    at::Tensor x = x_in.clone(at::MemoryFormat::Contiguous), h = buffer(x.size(1));  // residual stream, its norm
+    at::Tensor qkv = buffer(first.qkv.out_features), q = at::empty({n, heads_, head_dim_}, x_in.options());
+    at::Tensor attn = buffer(heads_ * head_dim_), o = buffer(first.o.out_features);
+    at::Tensor gate_up = buffer(first.gate_up.out_features), act = buffer(first.gate_up.out_features / 2);
+    at::Tensor down = buffer(first.down.out_features), attn_heads = attn.view({n, heads_, head_dim_});
+    const std::shared_ptr<W4A8Product> product = w4a8_product();
     std::exception_ptr error;
     auto serial = [&](auto&& step) {  // on the calling thread; an exception stops the loop, rethrown after it
       if (error) return;
@@ -167,10 +194,9 @@ class DecodeLayers {
         error = std::current_exception();
       }
     };
-    auto begin = [&](const at::Tensor& in, const DecodeLinear& l) {
-      product = w4a8_begin(in, l.weight, l.out_features, l.w4a8_isa);
+    auto begin = [&](const at::Tensor& in, const DecodeLinear& l, const at::Tensor& out) {
+      w4a8_begin(*product, in, l.weight, l.out_features, l.w4a8_isa, out);
     };
-    at::Tensor q, attn;  // a layer's rotated queries and attention output, shared by the threads
     const bool split = paged_decode_heads_fit(x.scalar_type(), head_dim_);  // threads share attention by KV head
 #pragma omp parallel num_threads(at::get_num_threads())
     {
@@ -185,35 +211,40 @@ class DecodeLayers {
       };
       for (const auto& L : layers_) {
 #pragma omp master
-        serial([&] { begin(rms_norm(x, L.input_norm, eps_), L.qkv); });
+        serial([&] {
+          rms_norm_into(x, L.input_norm, eps_, h);
+          begin(h, L.qkv, qkv);
+        });
         share();
 #pragma omp master
         serial([&] {
-          q = rotate_and_store(L, w4a8_output(*product), cos, sin, slots);
-          attn = split ? at::empty_like(q) : attend_rotated(L, q, block_tables, context_lens);
+          rotate_and_store_into(L, qkv, cos, sin, slots, q);
+          if (!split) attn_heads.copy_(attend_rotated(L, q, block_tables, context_lens));
         });
 #pragma omp barrier
         if (split && !error) {  // each thread its KV heads (and their query heads) of the same sequences
           const int64_t per = (kv_heads_ + threads - 1) / threads;
           const int64_t g0 = std::min(kv_heads_, thread * per), g1 = std::min(kv_heads_, (thread + 1) * per);
-          if (g0 < g1) paged_decode_heads(q, L.k_cache, L.v_cache, block_tables, context_lens, attn, g0, g1);
+          if (g0 < g1) paged_decode_heads(q, L.k_cache, L.v_cache, block_tables, context_lens, attn_heads, g0, g1);
         }
 #pragma omp barrier
 #pragma omp master
-        serial([&] { begin(attn.view({q.size(0), heads_ * head_dim_}), L.o); });
+        serial([&] { begin(attn, L.o, o); });
         share();
 #pragma omp master
         serial([&] {
-          auto sum_norm = add_rms_norm(x, w4a8_output(*product), L.post_attention_norm, eps_);
-          x = sum_norm[0];
-          begin(sum_norm[1], L.gate_up);
+          add_rms_norm_into(x, o, L.post_attention_norm, eps_, x, h);
+          begin(h, L.gate_up, gate_up);
         });
         share();
 #pragma omp master
-        serial([&] { begin(silu_mul(w4a8_output(*product)), L.down); });
+        serial([&] {
+          silu_mul_into(gate_up, act);
+          begin(act, L.down, down);
+        });
         share();
 #pragma omp master
-        serial([&] { add_(x, w4a8_output(*product)); });
+        serial([&] { add_(x, down); });
       }
     }
     if (error) std::rethrow_exception(error);
