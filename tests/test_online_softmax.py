@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from course_lib.attention import causal_attention, reference_attention
-from course_lib.attention.online_softmax import online_softmax, online_softmax_attention
+from course_lib.online_softmax import online_softmax, online_softmax_attention
 
 
 @pytest.mark.parametrize("block_size", [1, 3, 4, 100])
