@@ -12,7 +12,7 @@ are batched in `paged_decode_attention`, the reference for `course_lib.accel`'s 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -121,12 +121,11 @@ class PagedAttentionMetadata:
 
     def to(self, device: torch.device | str, *others: torch.Tensor) -> tuple:
         """(this metadata on `device`, *others on `device`): every tensor in one host->device copy."""
-        own, index = [self.slot_mapping, self.block_tables, self.context_lens, self.query_start_loc], \
-            self.indices.tensors()
-        moved = to_device_at_once(own + index + list(others), device)
-        slot_mapping, block_tables, context_lens, query_start_loc = moved[:4]
-        meta = replace(self, slot_mapping=slot_mapping, block_tables=block_tables, context_lens=context_lens,
-                       query_start_loc=query_start_loc, indices=StepIndices(*moved[4:4 + len(index)]))
+        index = [getattr(self.indices, f.name) for f in fields(StepIndices)]
+        moved = to_device_at_once([self.slot_mapping, self.block_tables, self.context_lens, self.query_start_loc,
+                                   *index, *others], device)
+        meta = replace(self, slot_mapping=moved[0], block_tables=moved[1], context_lens=moved[2],
+                       query_start_loc=moved[3], indices=StepIndices(*moved[4:4 + len(index)]))
         return (meta, *moved[4 + len(index):])
 
 
@@ -162,10 +161,6 @@ class StepIndices:
         return cls(as_long(decodes), as_long([query_start_loc[i] for i in decodes]), as_long(chunks),
                    as_long(tokens).view(len(chunks), width), as_long(positions).view(len(chunks), width),
                    as_long(valid))
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.decode_seqs, self.decode_tokens, self.prefill_seqs, self.prefill_tokens,
-                self.prefill_positions, self.prefill_valid]
 
 
 def slots_for(block_table: list[int], positions, block_size: int) -> list[int]:
@@ -230,8 +225,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cach
 
     q [num_chunks, max_chunk, heads, head_dim]; block_tables [num_chunks, max_blocks]; visible [num_chunks,
     max_chunk, width] (`prefill_mask`), or None for one whole prompt: plain causal. Returns q's shape.
-    K/V are expanded to the query heads: PyTorch's memory-efficient CUDA kernel takes a mask but no GQA (a mask
-    with GQA falls back to the math kernel, which writes out every score).
+    K/V are expanded to the query heads: a mask with SDPA's GQA falls back to the math kernel (`causal_attention`).
     """
     width = q.shape[1] if visible is None else visible.shape[-1]
     table = block_tables[:, :-(-width // k_cache_layer.shape[1])].clamp(min=0).long()  # [num_chunks, blocks]
@@ -257,8 +251,8 @@ class PagedAttention:
     """Attention backend over a `PagedKVCache` for one packed step described by `attn_metadata`.
 
     Pass it as `Transformer.forward(input_ids [1, num_tokens], positions [1, num_tokens], kv=...)`. Each layer
-    stores its new K/V (`store`), then attends (`attend_stored`): decode rows through `decode_attention`, prompt
-    chunks through `paged_prefill_attention`. `course_lib.accel` subclasses it to run its kernels there.
+    stores its new K/V, then attends (`attend_stored`): decode rows through `decode_attention`, prompt chunks
+    through `paged_prefill_attention`. `course_lib.accel` subclasses it to run its kernels there.
     """
 
     def __init__(self, kv_cache: PagedKVCache, attn_metadata: PagedAttentionMetadata):
@@ -282,14 +276,10 @@ class PagedAttention:
         shape = q.shape
         q, k, v = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))  # [num_tokens, (kv_)heads, head_dim]
         k_cache, v_cache = self.kv_cache.k_cache[layer_idx], self.kv_cache.v_cache[layer_idx]
-        self.store(k, v, k_cache, v_cache)
+        store_kvcache(k, v, k_cache, v_cache, self.attn_metadata.slot_mapping)  # this step's K/V at their slots
         out = torch.empty_like(q)
         self.attend_stored(q, k, v, k_cache, v_cache, out)
         return out.view(shape)
-
-    def store(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        """Write this step's K/V [num_tokens, kv_heads, head_dim] at their slots."""
-        store_kvcache(k, v, k_cache, v_cache, self.attn_metadata.slot_mapping)
 
     def attend_stored(self, q, k, v, k_cache, v_cache, out) -> None:
         """Fill out [num_tokens, heads, head_dim] with each query's attention over its sequence's stored K/V."""
