@@ -100,8 +100,6 @@ class EngineStats:
     preemptions: int = 0
     partial_prefills: int = 0  # prompt chunks that did not finish their prompt (chunked prefill)
     prefix_cache_hit_rate: float = 0.0
-    blocks_used: int = 0
-    blocks_free: int = 0
     compile_seconds: float = 0.0  # torch.compile's time at start-up (`LLM(accel=True, compile_decode=True)`)
     cuda_graphs: int = 0  # decode graphs captured at start-up, one per batch-size bucket (accel on CUDA)
     graph_capture_seconds: float = 0.0
@@ -136,5 +134,4 @@ class EngineStats:
         self.batch_tokens.append(num_tokens)
         self.preemptions = preemptions
         self.prefix_cache_hit_rate = block_manager.prefix_cache_hit_rate
-        self.blocks_used, self.blocks_free = block_manager.num_used_blocks, block_manager.num_free_blocks
 

@@ -68,8 +68,7 @@ class Sequence:
         self.metrics = RequestMetrics(num_prompt_tokens=len(prompt_token_ids), request_id=request_id)
         if arrival_time is not None:
             self.metrics.arrival_time = arrival_time
-        self._eos = set() if params.ignore_eos else set(tokenizer.eos_token_ids)
-        self._stop_ids = set(params.stop_token_ids)
+        self._stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(tokenizer.eos_token_ids))
         self._detok = StreamingDetokenizer(tokenizer, skip_special_tokens=params.skip_special_tokens)
         self.text = ""  # output text, cut before a stop string
         self._emitted = 0  # characters of `text` already handed out as deltas
@@ -93,10 +92,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
 
-    @property
-    def last_token_id(self) -> int:
-        return self.token_ids[-1]
-
     def add_drafts(self, drafts: list[int]) -> None:
         """Put guessed tokens after the last real one: the scheduler computes them with it, in one step."""
         self.token_ids += drafts
@@ -114,7 +109,7 @@ class Sequence:
         """Record a sampled token, extend the text, and finish the sequence if a stop condition holds."""
         self.token_ids.append(token_id)
         self.metrics.record_token()
-        if token_id in self._eos or token_id in self._stop_ids:
+        if token_id in self._stop_ids:  # EOS (unless ignore_eos) or one of params.stop_token_ids
             self._finish("stop", token_id)
             return
         old_len = len(self.text)
