@@ -32,10 +32,9 @@ class LLM:
     """Load a model once, then generate, chat and stream through the continuous-batching engine.
 
     `LLM()` is the reference engine: pure PyTorch, the same code on every machine. Every option is a field of
-    `EngineConfig` (`engine/config.py`), checked once before the model loads: `quantization="int8" | "int4"`,
-    `accel=True` (`course_lib.accel`'s plan for this machine, the same tokens faster; `python -m course_lib.accel`
-    prints it), `speculative_config` (vLLM's), `batch_invariant`, `tensor_parallel_size=N` (N - 1 worker
-    processes, stopped by `close()` or `with LLM(...) as llm`) and the serving limits.
+    `EngineConfig`, checked before the model loads; `accel=True` applies `course_lib.accel`'s plan for this
+    machine (the same tokens, faster), and `tensor_parallel_size=N` starts N - 1 worker processes, stopped by
+    `close()` or `with LLM(...) as llm`.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,

@@ -94,10 +94,9 @@ def greedy_accept(target_choice: list[int], drafts: list[int]) -> list[int]:
 
 def accept_or_resample(p: torch.Tensor, q: torch.Tensor | None, drafts: list[int],
                        generator: torch.Generator | None = None) -> list[int]:
-    """The tokens a sampled step emits (speculative sampling). p [k + 1, vocab]: the target's probabilities at
-    each draft position and after the last; q [k, vocab]: the draft's, or None for prompt lookup (all of q on
-    the proposed token). Accept draft i with probability min(1, p_i(x) / q_i(x)); at the first rejection, sample
-    from max(0, p_i - q_i) renormalised and stop; when all are accepted, sample one more token from p_k."""
+    """The tokens a sampled step emits, by the module docstring's rule. p [k + 1, vocab]: the target's
+    probabilities at each draft position and after the last; q [k, vocab]: the draft's, or None for prompt
+    lookup (all of q on the proposed token). When every draft is accepted, one more token comes from p_k."""
     k, ids = len(drafts), torch.tensor(drafts, device=p.device, dtype=torch.long)
     if q is None:
         q = torch.zeros_like(p[:k]).scatter_(1, ids[:, None], 1.0)
@@ -134,11 +133,9 @@ def accept_drafts(seq, tokens: list[int], block_manager) -> tuple[int, int]:
 
 
 class DraftModel:
-    """A small model that drafts token by token, with a contiguous KV cache per request (batch 1).
-
-    Each call catches the draft's cache up with the tokens the target accepted since the last call (one forward
-    over them), then drafts k tokens greedily, or by sampling from its processed distribution (`probs`), one
-    forward each. Rejected drafts cost nothing to undo: the cache's length is set back."""
+    """A small model that drafts token by token, with a contiguous KV cache per request (batch 1). Each call
+    catches the cache up with the tokens the target accepted since the last (one forward over them); rejected
+    drafts cost nothing to undo: the cache's length is set back."""
 
     def __init__(self, model: Transformer):
         self.model = model
@@ -161,12 +158,10 @@ class DraftModel:
         """Up to k draft tokens after `token_ids`, and their draft probabilities [k, vocab] when `sample_probs`
         (logits [vocab] -> probs [vocab], the request's sampling filters) is given; greedy otherwise.
         `capacity`: the most tokens the request can ever hold (its cache is made that long, once)."""
-        cache = self.caches.get(request_id)
-        if cache is None:
-            cache = self.caches[request_id] = KVCache(self.model.config, capacity, 1, self.model.device,
-                                                      self.model.dtype)
+        if request_id not in self.caches:
+            self.caches[request_id] = KVCache(self.model.config, capacity, 1, self.model.device, self.model.dtype)
             self.known[request_id] = []
-        known = self.known[request_id]
+        cache, known = self.caches[request_id], self.known[request_id]
         same = 0  # the cache is valid up to the first token that differs; the last always goes through the model
         while same < min(len(known), len(token_ids) - 1) and known[same] == token_ids[same]:
             same += 1
