@@ -6,7 +6,8 @@ import torch
 
 from course_lib.attention.paged import PagedKVCache
 from course_lib.config import ModelConfig
-from course_lib.engine.kv_budget import CPU_KV_CACHE_BYTES, GPU_KV_CACHE_MAX_FRACTION, default_kv_cache_memory
+from course_lib.engine.kv_budget import (CPU_KV_CACHE_BYTES, GPU_KV_CACHE_MAX_FRACTION, default_kv_cache_memory,
+                                         kv_pool)
 from course_lib.engine.llm_engine import EngineConfig, LLMEngine
 from course_lib.model import Transformer
 
@@ -83,3 +84,14 @@ def test_explicit_budget_is_unchanged():
     engine = LLMEngine(model, None, EngineConfig(kv_cache_memory=7 * per_block, max_num_seqs=64))
     assert engine.kv_cache.num_blocks == 7
     assert engine.max_model_len == 7 * 16
+
+
+def test_explicit_budget_in_whole_blocks():
+    model = small_model()
+    per_block = PagedKVCache.bytes_per_block(model.config, 4)
+    assert kv_pool(model.config, EngineConfig(kv_cache_memory=10 * per_block + 7, block_size=4), "cpu",
+                   torch.float32)[0] == 10
+    with pytest.raises(ValueError, match="CUDA"):
+        kv_pool(model.config, EngineConfig(kv_cache_memory=0.5), "cpu", torch.float32)
+    with pytest.raises(ValueError, match="holds no KV block"):
+        kv_pool(model.config, EngineConfig(kv_cache_memory=per_block - 1, block_size=4), "cpu", torch.float32)

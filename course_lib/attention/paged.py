@@ -48,29 +48,6 @@ class PagedKVCache:
         """K and V of `block_size` tokens across all layers."""
         return block_size * config.kv_bytes_per_token(dtype)
 
-    @staticmethod
-    def num_blocks_for_memory(config: ModelConfig, kv_cache_memory: int | float, block_size: int = 16,
-                              device: torch.device | str = "cpu", dtype: torch.dtype | str = torch.float32) -> int:
-        """How many blocks fit in `kv_cache_memory`: bytes (int), or a fraction (float) of free CUDA memory."""
-        budget = int(kv_cache_memory)
-        if isinstance(kv_cache_memory, float):
-            if torch.device(device).type != "cuda":
-                raise ValueError("kv_cache_memory as a fraction of free GPU memory needs a CUDA device; "
-                                 "on the CPU pass a byte budget (int)")
-            budget = int(torch.cuda.mem_get_info(device)[0] * kv_cache_memory)
-        per_block = PagedKVCache.bytes_per_block(config, block_size, dtype)
-        if budget < per_block:
-            raise ValueError(f"kv_cache_memory={kv_cache_memory!r} ({budget} bytes) holds no KV block "
-                             f"of {per_block} bytes ({block_size} tokens); raise the budget")
-        return budget // per_block
-
-    @classmethod
-    def from_memory(cls, config: ModelConfig, kv_cache_memory: int | float, block_size: int = 16,
-                    device: torch.device | str = "cpu", dtype: torch.dtype | str = torch.float32) -> "PagedKVCache":
-        """A cache with as many blocks as `kv_cache_memory` allows (`num_blocks_for_memory`)."""
-        num_blocks = cls.num_blocks_for_memory(config, kv_cache_memory, block_size, device, dtype)
-        return cls(config, num_blocks, block_size, device, dtype)
-
 
 @dataclass
 class PagedAttentionMetadata:

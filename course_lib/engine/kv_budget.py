@@ -53,13 +53,20 @@ def kv_pool(config: ModelConfig, engine: EngineConfig, device: torch.device | st
             free_memory=free_device_memory) -> tuple[int, int]:
     """An engine's KV pool, worked out before any tensor exists: (blocks, max_model_len). A test sizes every
     chapter's engines with it for a card it does not have (`free_memory` stands in for the card)."""
-    budget = engine.kv_cache_memory
+    device, budget = torch.device(device), engine.kv_cache_memory
     if budget is None:  # what max_num_seqs x max_model_len can use, within the device's cap
         budget = default_kv_cache_memory(config, engine.max_num_seqs, engine.max_model_len, engine.block_size,
                                          device, dtype, free_memory)
-    elif isinstance(budget, float) and torch.device(device).type == "cuda":  # a fraction of the free memory
-        budget = int(budget * free_memory(torch.device(device)))
-    blocks = PagedKVCache.num_blocks_for_memory(config, budget, engine.block_size, device, dtype)
+    elif isinstance(budget, float):  # a fraction of the free memory
+        if device.type != "cuda":
+            raise ValueError("kv_cache_memory as a fraction of free GPU memory needs a CUDA device; "
+                             "on the CPU pass a byte budget (int)")
+        budget = int(budget * free_memory(device))
+    per_block = PagedKVCache.bytes_per_block(config, engine.block_size, dtype)
+    if budget < per_block:
+        raise ValueError(f"kv_cache_memory={engine.kv_cache_memory!r} ({budget} bytes) holds no KV block "
+                         f"of {per_block} bytes ({engine.block_size} tokens); raise the budget")
+    blocks = budget // per_block
     limit = min(config.max_position_embeddings, blocks * engine.block_size)
     if engine.max_model_len is not None and not 1 <= engine.max_model_len <= limit:
         raise ValueError(f"max_model_len must be in [1, {limit}] (the model's context and the KV cache), "
