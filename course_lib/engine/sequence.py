@@ -141,16 +141,13 @@ class Sequence:
         return delta
 
     def _stop_prefix_len(self) -> int:
-        """Length of the longest unsent tail of `text` that some stop string begins with (0 if none); only the
-        last len(stop) - 1 characters' occurrences of its first character are tried, longest tail first."""
-        text, longest = self.text, 0
+        """Length of the longest unsent tail of `text` that some stop string begins with (0 if none)."""
+        longest = 0
         for stop in self.params.stop:
-            at = text.find(stop[0], max(self._emitted, len(text) - len(stop) + 1))
-            while at != -1 and len(text) - at > longest:
-                if stop.startswith(text[at:]):
-                    longest = len(text) - at
+            for n in range(min(len(stop) - 1, len(self.text) - self._emitted), longest, -1):  # longest tail first
+                if self.text.endswith(stop[:n]):
+                    longest = n
                     break
-                at = text.find(stop[0], at + 1)
         return longest
 
     def output(self, delta: str = "") -> RequestOutput:
