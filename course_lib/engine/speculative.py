@@ -103,16 +103,12 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor | None, drafts: list[int
     rows = torch.arange(k, device=p.device)
     ratio = (p[rows, ids] / q[rows, ids]).clamp(max=1.0)  # [k]: acceptance probability of each draft token
     u = torch.rand(k, generator=generator, device=p.device)
-    out = []
-    for i, (accepted, draft) in enumerate(zip((u < ratio).tolist(), drafts)):
+    for i, accepted in enumerate((u < ratio).tolist()):
         if not accepted:
             residual = (p[i] - q[i]).clamp(min=0)
             residual = residual / residual.sum() if residual.sum() > 0 else p[i]
-            out.append(int(torch.multinomial(residual, 1, generator=generator)))
-            return out
-        out.append(draft)
-    out.append(int(torch.multinomial(p[k], 1, generator=generator)))
-    return out
+            return drafts[:i] + [int(torch.multinomial(residual, 1, generator=generator))]
+    return drafts + [int(torch.multinomial(p[k], 1, generator=generator))]
 
 
 def accept_drafts(seq, tokens: list[int], block_manager) -> tuple[int, int]:
@@ -165,9 +161,6 @@ class DraftModel:
         same = 0  # the cache is valid up to the first token that differs; the last always goes through the model
         while same < min(len(known), len(token_ids) - 1) and known[same] == token_ids[same]:
             same += 1
-        k = min(k, cache.max_seq_len - len(token_ids))
-        if k <= 0:
-            return [], None
         cache.seq_len = same
         ids = torch.tensor([token_ids[same:]], device=self.model.device)
         logits = self.model(ids, kv=cache, last_only=True)[0, -1]
