@@ -72,8 +72,7 @@ class ReferenceAttention:
 def reference_attention(q, k, v, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q K^T / sqrt(d) + causal mask) V, written out. Returns (out [B,Tq,H,D], weights [B,H,Tq,Tk])."""
     dtype, group = q.dtype, q.shape[2] // k.shape[2]
-    k = k.repeat_interleave(group, dim=2)  # each KV head serves `group` query heads
-    v = v.repeat_interleave(group, dim=2)
+    k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))  # each KV head serves `group` query heads
     q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))  # [B, heads, seq, head_dim]
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # [B, heads, Tq, Tk]
     mask = causal_mask(q.shape[2], k.shape[2], start, q.device)

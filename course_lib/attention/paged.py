@@ -1,14 +1,11 @@
 """Paged attention (PyTorch): KV memory as fixed-size blocks, read through block tables.
 
-The engine packs every token of a step into one row, prefill chunks and decodes mixed:
-
-    input_ids [1, num_tokens] = [ seq 0 chunk ........ | seq 1 decode | seq 2 chunk ... | ... ]
-    query_start_loc           = [0,                     q0,            q0+1,             ...]
-
-Token t's K/V go to flat slot `slot_mapping[t] = block_id * block_size + offset`. Sequence i then attends its
-queries over its first `context_lens[i]` cached tokens, found through `block_tables[i]`. Decodes (one query)
-are batched in `paged_decode_attention`, the reference for `course_lib.accel`'s kernels; prompt chunks in
-`paged_prefill_attention`, one SDPA a layer with each chunk a row padded to the longest.
+The engine packs every token of a step into one row, prefill chunks and decodes mixed (the picture is in
+`course_lib.engine.model_runner`). Token t's K/V go to flat slot `slot_mapping[t] = block_id * block_size +
+offset`. Sequence i then attends its queries over its first `context_lens[i]` cached tokens, found through
+`block_tables[i]`. Decodes (one query) are batched in `paged_decode_attention`, the reference for
+`course_lib.accel`'s kernels; prompt chunks in `paged_prefill_attention`, one SDPA a layer with each chunk a
+row padded to the longest.
 """
 from __future__ import annotations
 
