@@ -96,7 +96,6 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self.project_qkv(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # a backend stores k, v and attends over all cached keys
         out = causal_attention(q, k, v) if kv is None else kv.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
 

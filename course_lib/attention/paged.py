@@ -89,7 +89,7 @@ class PagedAttentionMetadata:
             query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32),
             max_query_len=max(query_lens, default=0), max_context_len=max(context_lens, default=0),
             context_lens_cpu=list(context_lens), query_start_loc_cpu=query_start_loc,
-            indices=StepIndices.build(query_start_loc, list(context_lens)),
+            indices=StepIndices.build(query_lens, query_start_loc, context_lens),
         )
         return host if device is None else host.to(device)[0]
 
@@ -120,8 +120,7 @@ class StepIndices:
     prefill_valid: torch.Tensor  # [num_prefill_tokens] int64
 
     @classmethod
-    def build(cls, query_start_loc: list[int], context_lens: list[int]) -> "StepIndices":
-        query_lens = [b - a for a, b in zip(query_start_loc, query_start_loc[1:])]
+    def build(cls, query_lens: list[int], query_start_loc: list[int], context_lens: list[int]) -> "StepIndices":
         decodes = [i for i, n in enumerate(query_lens) if n == 1]
         chunks = [i for i, n in enumerate(query_lens) if n > 1]
         width = max((query_lens[i] for i in chunks), default=0)
@@ -222,12 +221,8 @@ def prefill_mask(positions: torch.Tensor, max_context_len: int, block_size: int)
 
 
 class PagedAttention:
-    """Attention backend over a `PagedKVCache` for one packed step described by `attn_metadata`.
-
-    Pass it as `Transformer.forward(input_ids [1, num_tokens], positions [1, num_tokens], kv=...)`. Each layer
-    stores its new K/V, then attends (`attend_stored`): decode rows through `decode_attention`, prompt chunks
-    through `paged_prefill_attention`. `course_lib.accel` subclasses it to run its kernels there.
-    """
+    """Attention backend over a `PagedKVCache` for one packed step described by `attn_metadata`: each layer
+    stores its new K/V, then attends (`attend_stored`). `course_lib.accel` subclasses it to run its kernels."""
 
     def __init__(self, kv_cache: PagedKVCache, attn_metadata: PagedAttentionMetadata):
         self.kv_cache, self.attn_metadata = kv_cache, attn_metadata

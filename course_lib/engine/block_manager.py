@@ -44,8 +44,7 @@ class BlockManager:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
-        # Blocks with ref_count 0, least recently used first. Cached ones (with a hash) are still
-        # hits until popped; empty ones are put at the front so they are reused before cached ones.
+        # Blocks with ref_count 0, least recently used first (`_release` puts empty ones before cached ones).
         self.free_block_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached_block_hash_to_block_id: dict[int, int] = {}
         self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache

@@ -59,7 +59,6 @@ class LLMEngine:
     def kv_cache(self) -> PagedKVCache:
         return self.model_runner.kv_cache
 
-    # ---- requests in --------------------------------------------------------------------------
     def check_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
         """Check a prompt (text or token ids) and its params against this model; return its token ids."""
         return check_request(prompt, params, self.tokenizer, self.model.config.vocab_size, self.max_model_len)
@@ -119,7 +118,6 @@ class LLMEngine:
         with self._lock:
             return self.scheduler.has_unfinished() or self.router.has_unclaimed()
 
-    # ---- outputs out --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step; return the new output of every request added with `add_request`."""
         with self._lock:
