@@ -68,15 +68,12 @@ class RotaryEmbedding(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each (i, i + d/2) pair of x [batch, seq, heads, head_dim] by its position's angle."""
+    """Rotate each (i, i + d/2) pair of x [batch, seq, heads, head_dim] by its position's angle, in Hugging
+    Face's `rotate_half` form: x cos + [-x2, x1] sin, for the two halves x1, x2 of each head."""
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [batch, seq, 1, head_dim]
-    return x * cos + rotate_half(x) * sin
+    x1, x2 = x.chunk(2, dim=-1)  # [batch, seq, heads, head_dim / 2] each
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class Attention(nn.Module):
