@@ -166,12 +166,9 @@ class Tokenizer:
 
 
 class StreamingDetokenizer:
-    """Turn a growing list of token ids into text deltas, never emitting half a UTF-8 character.
-
-    Byte-level BPE may split a Chinese character or an emoji (3-4 bytes) across tokens, and a lone piece decodes
-    to U+FFFD. As vLLM's incremental detokenizer: text is decoded from `prefix_offset`, the part after
-    `read_offset` is new, and a delta is held back while it ends in U+FFFD.
-    """
+    """Turn a growing list of token ids into text deltas, never emitting half a UTF-8 character, as vLLM's
+    incremental detokenizer does: byte-level BPE may split a Chinese character or an emoji (3-4 bytes) across
+    tokens, and a lone piece decodes to U+FFFD, so a delta that ends in U+FFFD is held back."""
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens

@@ -105,19 +105,15 @@ class PagedAttentionMetadata:
 
 @dataclass
 class StepIndices:
-    """Where a mixed step's decode rows and prompt chunks sit in the packed row, built on the host.
-
-    Prompt chunks run as one padded batch, chunk i a row of `max_chunk` queries: its j-th query is row token
-    `prefill_tokens[i, j]` at position `prefill_positions[i, j]`; padding repeats the chunk's last query, and
-    `prefill_valid` picks the real ones out of the flattened [num_chunks * max_chunk].
-    """
+    """Where a mixed step's decode rows and prompt chunks sit in the packed row, built on the host. Prompt
+    chunks run as one padded batch, a row of `max_chunk` queries each; padding repeats a chunk's last query."""
 
     decode_seqs: torch.Tensor  # [num_decodes] int64: sequences with one query this step
     decode_tokens: torch.Tensor  # [num_decodes] int64: where that query sits in the row
     prefill_seqs: torch.Tensor  # [num_chunks] int64: sequences with several queries (prompt chunks)
-    prefill_tokens: torch.Tensor  # [num_chunks, max_chunk] int64
-    prefill_positions: torch.Tensor  # [num_chunks, max_chunk] int64
-    prefill_valid: torch.Tensor  # [num_prefill_tokens] int64
+    prefill_tokens: torch.Tensor  # [num_chunks, max_chunk] int64: where chunk i's j-th query sits in the row
+    prefill_positions: torch.Tensor  # [num_chunks, max_chunk] int64: and its position in its sequence
+    prefill_valid: torch.Tensor  # [num_prefill_tokens] int64: the real queries of [num_chunks * max_chunk]
 
     @classmethod
     def build(cls, query_lens: list[int], query_start_loc: list[int], context_lens: list[int]) -> "StepIndices":
@@ -194,12 +190,10 @@ def gather_blocks(cache_layer: torch.Tensor, table: torch.Tensor) -> torch.Tenso
 
 def paged_prefill_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, v_cache_layer: torch.Tensor,
                             block_tables: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
-    """Several prompt chunks at once, each a row of a padded batch, over their stored context.
-
-    q [num_chunks, max_chunk, heads, head_dim]; block_tables [num_chunks, max_blocks]; visible [num_chunks,
-    max_chunk, width] (`prefill_mask`), or None for one whole prompt: plain causal. Returns q's shape.
-    K/V are expanded to the query heads: a mask with SDPA's GQA falls back to the math kernel (`causal_attention`).
-    """
+    """Several prompt chunks at once, each a row of a padded batch, over their stored context. q [num_chunks,
+    max_chunk, heads, head_dim]; block_tables [num_chunks, max_blocks]; visible [num_chunks, max_chunk, width]
+    (`prefill_mask`), or None for one whole prompt: plain causal. Returns q's shape. K/V are expanded to the
+    query heads, as `causal_attention` does under a mask (SDPA's GQA with a mask falls back to the math kernel)."""
     width = q.shape[1] if visible is None else visible.shape[-1]
     table = block_tables[:, :-(-width // k_cache_layer.shape[1])].clamp(min=0).long()  # [num_chunks, blocks]
     group = q.shape[2] // k_cache_layer.shape[2]

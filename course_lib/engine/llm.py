@@ -31,10 +31,9 @@ Prompt = str | list[int]  # text, or token ids already encoded
 class LLM:
     """Load a model once, then generate, chat and stream through the continuous-batching engine.
 
-    `LLM()` is the reference engine: pure PyTorch, the same code on every machine. Every option is a field of
-    `EngineConfig`, checked before the model loads; `accel=True` applies `course_lib.accel`'s plan for this
-    machine (the same tokens, faster), and `tensor_parallel_size=N` starts N - 1 worker processes, stopped by
-    `close()` or `with LLM(...) as llm`.
+    `LLM()` is the reference engine: pure PyTorch, the same code on every machine. Its options are `EngineConfig`'s
+    fields; `accel=True` applies `course_lib.accel`'s plan for this machine (the same tokens, faster), and
+    `tensor_parallel_size=N` starts N - 1 worker processes, stopped by `close()` or `with LLM(...) as llm`.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,

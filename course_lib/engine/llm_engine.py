@@ -65,8 +65,7 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
-        """Queue a prompt (text or token ids) for the driver of `step()`; returns its request id.
-        Bad input raises before anything is queued."""
+        """Queue a prompt (text or token ids) for the driver of `step()`; returns its id. Bad input queues nothing."""
         seq = self._new_sequence(prompt, params, request_id, arrival_time)
         self._enqueue([seq], claimed=False)
         return seq.request_id

@@ -112,9 +112,8 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor | None, drafts: list[int
 
 
 def accept_drafts(seq, tokens: list[int], block_manager) -> tuple[int, int]:
-    """A sequence that verified its drafts: keep the K/V of its last token and of the accepted drafts, append
-    the tokens (each through the stop checks), give back the blocks the rejected drafts held.
-    Returns (tokens drafted, tokens accepted)."""
+    """A sequence that verified its drafts keeps the K/V of its last token and the accepted drafts, appends the
+    tokens (each through the stop checks) and frees the rejected drafts' blocks; returns (drafted, accepted)."""
     drafts = seq.drop_drafts()
     accepted = len(tokens) - 1  # the tokens are the accepted drafts and one of the model's own
     seq.metrics.record_speculation(len(drafts), accepted)
@@ -224,9 +223,8 @@ class Speculator:
 
     def verify(self, seq, logits: torch.Tensor, drafts: list[int],
                generator: torch.Generator | None = None) -> list[int]:
-        """The tokens to emit, from the model's logits [len(drafts) + 1, vocab] at the positions of the last
-        real token and each draft, each row filtered by the request's params (its penalty sees the drafts before
-        it): greedy by `greedy_accept`, sampled by `accept_or_resample`."""
+        """The tokens to emit, from the model's logits [len(drafts) + 1, vocab] at the last real token and each
+        draft, each row filtered by the request's params (its penalty sees the drafts before it)."""
         history, rows = seq.token_ids[:len(seq) - len(drafts)], len(drafts) + 1
         knobs = BatchKnobs.build([seq.params] * rows, [history + drafts[:i] for i in range(rows)],
                                  logits.shape[-1], logits.device)
