@@ -1,15 +1,15 @@
 """The reference core stays small enough to read top to bottom.
 
 A learner reads the core (model, engine, attention, sampling, caches, generate, tokenizer) file by file, as one
-reads nano-vllm, whose whole engine is 1,385 lines: short files, one concept each. Issue 59 aims the core at
-2,600 lines (docstrings included) and `LLMEngine` at 150; `CORE_LINES_MAX` is where the core stands after the
-second trim, a ratchet to lower towards 2,600 as the core shrinks, so it never grows back unnoticed.
+reads nano-vllm, whose whole engine is 1,385 lines: short files, one concept each. Issue 59 holds the core to
+2,600 lines (docstrings included) and `LLMEngine` to 150; `CORE_LINES_MAX` is where the core stands after the
+third trim, within that limit: a ratchet to lower whenever the core shrinks, so it never grows back unnoticed.
 """
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "course_lib"
-CORE_LINES_MAX = 2751  # today's ceiling: lower it whenever the core shrinks
+CORE_LINES_MAX = 2600  # today's ceiling, issue 59's limit: lower it whenever the core shrinks
 LLM_ENGINE_MAX = 150
 
 
