@@ -276,10 +276,11 @@ def triton_paged_decode_attention(q: torch.Tensor, k_cache_layer: torch.Tensor, 
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         GROUP_P2=triton.next_power_of_2(group), HEAD_DIM_P2=triton.next_power_of_2(head_dim),
         BLOCK_P2=triton.next_power_of_2(block_size),
+        enable_fp_fusion=True,  # a*b+c as one FMA, stated: Triton 3.10 changes the default to off
     )
     if num_splits > 1:
         _combine_splits_kernel[(num_seqs, num_heads)](
             out, part_out, part_lse, num_splits, *out.stride(), *part_out.stride()[:3], *part_lse.stride()[:2],
-            HEAD_DIM=head_dim, HEAD_DIM_P2=triton.next_power_of_2(head_dim),
+            HEAD_DIM=head_dim, HEAD_DIM_P2=triton.next_power_of_2(head_dim), enable_fp_fusion=True,
         )
     return out

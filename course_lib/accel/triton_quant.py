@@ -260,12 +260,13 @@ def _outputs(x: torch.Tensor, n: int, plan: LaunchPlan) -> tuple[torch.Tensor, t
     dtype = torch.float32 if plan.split_k > 1 else x.dtype
     out = torch.empty(plan.split_k, x2.shape[0], n, device=x.device, dtype=dtype)  # [S, M, N]
     meta = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-                PRECISION="ieee" if x.dtype == torch.float32 else "tf32")  # fp32: no TF32 rounding
+                PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32: no TF32 rounding
+                enable_fp_fusion=True)  # a*b+c as one FMA, stated: Triton 3.10 changes the default to off
     return x2, out, meta
 
 
 def _rows_meta(meta: dict) -> dict:
-    """The row kernel's constants: the tiles, without tl.dot's precision."""
+    """The row kernel's launch arguments: the tiles and the FMA option, without tl.dot's precision."""
     return {k: v for k, v in meta.items() if k != "PRECISION"}
 
 
